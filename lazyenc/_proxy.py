@@ -1,0 +1,380 @@
+"""Proxies: one per encoder, building the real model on first use, exactly once.
+
+State machine::
+
+    unavailable  (probe failed; reset() probes again)
+    idle ──first call──> loading ──ok──> loaded ──unload()──> idle
+                              └──error──> disabled ──reset()──> idle
+
+Reading ``state``, ``status()``, ``peek()`` or ``repr()`` never builds and never
+waits on the build lock, so a status page stays live during a long build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+from ._config import EncoderSettings, HardwareSettings
+from ._exceptions import EncoderClosedError, EncoderLoadError, EncoderUnavailableError
+from ._loaders import Loader, resolve_device
+from ._probe import Probe
+from ._process import rss_bytes
+
+__all__ = [
+    "STATES",
+    "ComponentStatus",
+    "DenseProxy",
+    "Encoder",
+    "EncoderProxy",
+    "RerankProxy",
+    "SpacyProxy",
+    "SparseProxy",
+    "proxy_class",
+]
+
+log = logging.getLogger("lazyenc")
+
+State = Literal["unavailable", "idle", "loading", "loaded", "disabled"]
+STATES: tuple[State, ...] = ("unavailable", "idle", "loading", "loaded", "disabled")
+
+
+@dataclasses.dataclass(frozen=True)
+class ComponentStatus:
+    """A snapshot of one encoder, taken without loading anything."""
+
+    name: str
+    kind: str
+    model: str
+    state: State
+    loaded: bool
+    reason: str
+    device: str
+    dimension: int | None
+    max_seq_length: int | None
+    revision: str | None
+    weight_bytes: int | None
+    load_seconds: float | None
+    loaded_at: float | None
+    last_used_at: float | None
+    calls: int
+    errors: int
+    loading_for_s: float | None = None
+    rss_delta_bytes: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return dataclasses.asdict(self)
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """What every proxy offers besides its kind's own methods."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def state(self) -> State: ...
+    @property
+    def loaded(self) -> bool: ...
+    @property
+    def reason(self) -> str: ...
+    def peek(self) -> Any: ...
+    def load(self) -> Any: ...
+    def unload(self) -> bool: ...
+    def status(self) -> ComponentStatus: ...
+
+
+class EncoderProxy:
+    """Stands in for one model; subclasses add the methods of their kind."""
+
+    kind: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        settings: EncoderSettings,
+        *,
+        loader: Loader,
+        hardware: HardwareSettings | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._loader = loader
+        self._hardware = hardware or HardwareSettings()
+        self._environ = os.environ if environ is None else environ
+        self._build_lock = threading.Lock()
+        # Until batching, one model never runs two calls at once (tokenizers are not re-entrant).
+        self._call_lock = threading.Lock()
+        self._model: Any = None
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._device: str | None = None
+        self._load_seconds: float | None = None
+        self._loaded_at: float | None = None
+        self._loading_since: float | None = None
+        self._last_used_at: float | None = None
+        self._rss_delta: int | None = None
+        self._calls = 0
+        self._errors = 0
+        self._probe = Probe(False, "not probed")
+        self._state: State = "unavailable"
+        self._reason = ""
+        self._apply_probe(loader.probe(settings, self._environ))
+
+    # -- non-forcing views -------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The encoder's name in the TOML."""
+        return self.settings.name
+
+    @property
+    def state(self) -> State:
+        """One of unavailable, idle, loading, loaded, disabled."""
+        return self._state
+
+    @property
+    def loaded(self) -> bool:
+        """Whether a built model is held right now."""
+        return self._model is not None
+
+    @property
+    def reason(self) -> str:
+        """Why the encoder is unavailable or disabled; '' otherwise."""
+        return self._reason
+
+    @property
+    def probe(self) -> Probe:
+        """What the init-time probe found on disk."""
+        return self._probe
+
+    def peek(self) -> Any:
+        """The built model, or None; never builds."""
+        return self._model
+
+    def status(self) -> ComponentStatus:
+        """A snapshot of this encoder; never builds or waits."""
+        probe = self._probe
+        since = self._loading_since
+        return ComponentStatus(
+            name=self.name,
+            kind=self.kind,
+            model=self.settings.model,
+            state=self._state,
+            loaded=self._model is not None,
+            reason=self._reason,
+            device=self._device or self.settings.device or self._hardware.device,
+            dimension=probe.dimension,
+            max_seq_length=probe.max_seq_length,
+            revision=probe.revision,
+            weight_bytes=probe.weight_bytes,
+            load_seconds=self._load_seconds,
+            loaded_at=self._loaded_at,
+            last_used_at=self._last_used_at,
+            calls=self._calls,
+            errors=self._errors,
+            loading_for_s=None if since is None else round(time.monotonic() - since, 3),
+            rss_delta_bytes=self._rss_delta,
+        )
+
+    def __repr__(self) -> str:
+        extra = f" reason={self._reason!r}" if self._reason else ""
+        return f"<{type(self).__name__} {self.name!r} state={self._state}{extra}>"
+
+    # Proxies hold locks and maybe a model: a pickled proxy arrives unloaded.
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.settings, self._loader, self._hardware))
+
+    # -- lifecycle -----------------------------------------------------------
+    def load(self) -> Any:
+        """Build the model now if it is not built; return it."""
+        model = self._model
+        return model if model is not None else self._build()
+
+    def unload(self) -> bool:
+        """Drop the model; True if one was loaded. Waits for an in-flight call."""
+        with self._build_lock, self._call_lock:
+            if self._model is None:
+                return False
+            self._model = None
+            self._state = "idle"
+            self._device = None
+        gc.collect()
+        log.info("unloaded %s", self.name)
+        return True
+
+    def reset(self) -> None:
+        """Forget a failed build (and probe again), so the next call builds anew."""
+        self.unload()
+        with self._build_lock:
+            self._failure = None
+            self._reason = ""
+            self._apply_probe(self._loader.probe(self.settings, self._environ))
+
+    def close(self) -> None:
+        """Unload and refuse later calls."""
+        self._closed = True
+        self.unload()
+
+    def _apply_probe(self, probe: Probe) -> None:
+        self._probe = probe
+        self._state = "idle" if probe.available else "unavailable"
+        self._reason = "" if probe.available else probe.reason
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise EncoderClosedError(self.name)
+        if self._state == "unavailable":
+            raise EncoderUnavailableError(self.name, self._reason)
+        if self._state == "disabled":
+            raise EncoderLoadError(self.name, self._reason) from self._failure
+
+    def _build(self) -> Any:
+        self._check_usable()
+        with self._build_lock:
+            # Double-checked: another thread may have built (or failed) while we waited.
+            if self._model is not None:
+                return self._model
+            self._check_usable()
+            self._state = "loading"
+            self._loading_since = time.monotonic()
+            rss_before = rss_bytes()
+            started = time.perf_counter()
+            try:
+                device = resolve_device(self.settings.device or self._hardware.device, kind=self.kind)
+                model = self._loader.build(self.settings, device=device, probe=self._probe)
+            except Exception as exc:
+                self._failure = exc
+                self._reason = f"{type(exc).__name__}: {exc}"
+                self._state = "disabled"
+                self._loading_since = None
+                log.warning("building %s failed: %s", self.name, self._reason)
+                raise EncoderLoadError(self.name, self._reason) from exc
+            self._load_seconds = round(time.perf_counter() - started, 4)
+            rss_after = rss_bytes()
+            if rss_before is not None and rss_after is not None:
+                self._rss_delta = rss_after - rss_before
+            self._device = device
+            self._loaded_at = time.time()
+            self._model = model
+            self._state = "loaded"
+            self._loading_since = None
+            log.info("built %s (%s) on %s in %.2f s", self.name, self.kind, device, self._load_seconds)
+            return model
+
+    # -- calls ----------------------------------------------------------------
+    def _call(self, method: str | Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run a method of the model (a name, or a function taking the model first), serialised.
+
+        The model's own errors pass unchanged.
+        """
+        model = self._model
+        if model is None:
+            model = self._build()
+        fn = getattr(model, method) if isinstance(method, str) else partial(method, model)
+        with self._call_lock:
+            self._calls += 1
+            try:
+                return fn(*args, **kwargs)
+            except BaseException:
+                self._errors += 1
+                raise
+            finally:
+                self._last_used_at = time.time()
+
+
+def _rebuild(
+    cls: type[EncoderProxy], settings: EncoderSettings, loader: Loader, hardware: HardwareSettings
+) -> EncoderProxy:
+    return cls(settings, loader=loader, hardware=hardware)
+
+
+class DenseProxy(EncoderProxy):
+    """A SentenceTransformer: same arguments and return types."""
+
+    kind = "dense"
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        """SentenceTransformer.encode."""
+        return self._call("encode", *args, **kwargs)
+
+    def encode_query(self, *args: Any, **kwargs: Any) -> Any:
+        """SentenceTransformer.encode_query."""
+        return self._call("encode_query", *args, **kwargs)
+
+    def encode_document(self, *args: Any, **kwargs: Any) -> Any:
+        """SentenceTransformer.encode_document."""
+        return self._call("encode_document", *args, **kwargs)
+
+
+class SparseProxy(DenseProxy):
+    """A SparseEncoder (SPLADE): encode like a dense model, plus decode."""
+
+    kind = "sparse"
+
+    def decode(self, embedding: Any, top_k: int | None = None) -> Any:
+        """SparseEncoder.decode: (token, weight) pairs."""
+        return self._call("decode", embedding, top_k=top_k)
+
+
+class RerankProxy(EncoderProxy):
+    """A CrossEncoder."""
+
+    kind = "rerank"
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        """CrossEncoder.predict: one score per (query, document) pair."""
+        return self._call("predict", *args, **kwargs)
+
+    def rank(
+        self,
+        query: str,
+        documents: list[str],
+        *,
+        top_k: int | None = None,
+        return_documents: bool = False,
+        **kwargs: Any,
+    ) -> list[dict[str, Any]]:
+        """CrossEncoder.rank: ``[{"corpus_id", "score"[, "text"]}]``, best first."""
+        result: list[dict[str, Any]] = self._call(
+            "rank", query, documents, top_k=top_k, return_documents=return_documents, **kwargs
+        )
+        return result
+
+
+class SpacyProxy(EncoderProxy):
+    """A spaCy Language pipeline."""
+
+    kind = "spacy"
+
+    def __call__(self, text: str, **kwargs: Any) -> Any:
+        """Run the pipeline on one text; returns a Doc."""
+        return self._call("__call__", text, **kwargs)
+
+    def pipe(self, texts: Any, **kwargs: Any) -> list[Any]:
+        """Language.pipe, materialised into a list so the model is released when it returns."""
+        result: list[Any] = self._call(_pipe_list, texts, **kwargs)
+        return result
+
+
+def _pipe_list(nlp: Any, texts: Any, **kwargs: Any) -> list[Any]:
+    # Consumed inside the call so the generator never runs outside the model's lock.
+    return list(nlp.pipe(texts, **kwargs))
+
+
+_PROXIES: dict[str, type[EncoderProxy]] = {
+    cls.kind: cls for cls in (DenseProxy, RerankProxy, SparseProxy, SpacyProxy)
+}
+
+
+def proxy_class(kind: str) -> type[EncoderProxy]:
+    """The proxy class for a kind."""
+    return _PROXIES[kind]
