@@ -92,6 +92,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_warmup(args: argparse.Namespace) -> int:
     with _manager(args) as mgr:
+        for name in args.names:
+            mgr[name]  # an unknown name fails before anything is built
         failed = False
         try:
             statuses = mgr.warmup(*args.names)

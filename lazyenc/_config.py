@@ -8,10 +8,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from ._exceptions import ConfigError, did_you_mean
@@ -35,6 +34,36 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+
+class FrozenMap(Mapping[str, Any]):
+    """A read-only, picklable mapping (MappingProxyType cannot be pickled)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any] | None = None) -> None:
+        self._data = dict(data or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return repr(self._data)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and self._data == dict(other)
+
+    def __hash__(self) -> int:
+        return hash(repr(sorted(self._data.items(), key=lambda kv: kv[0])))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenMap, (self._data,))
 
 
 @dataclass(frozen=True)
@@ -74,7 +103,7 @@ class EncoderSettings:
     kind: str
     model: str
     device: str | None = None
-    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    options: Mapping[str, Any] = field(default_factory=FrozenMap)
     batch: BatchSettings = BatchSettings()
     idle_unload_s: float | None = None
     expect: ExpectSettings = ExpectSettings()
@@ -337,7 +366,7 @@ class _Parser:
             kind=kind,
             model=model,
             device=values.get("device"),
-            options=MappingProxyType(dict(opts)),
+            options=FrozenMap(opts),
             batch=batch,
             idle_unload_s=None if "idle_unload_s" not in values else float(values["idle_unload_s"]),
             expect=expect,

@@ -55,7 +55,7 @@ class UnknownEncoderError(LazyEncError, KeyError):
 
     def __init__(self, name: str, known: Iterable[str]) -> None:
         self.name = name
-        self.known = sorted(known)
+        self.known = list(known)
         choices = ", ".join(self.known) or "(none configured)"
         super().__init__(f"no encoder named {name!r}; configured: {choices}")
 

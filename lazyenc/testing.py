@@ -145,6 +145,13 @@ class FakeLoader:
     def __repr__(self) -> str:
         return f"FakeLoader(builds={self.builds})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Events and locks do not pickle; a copy in another process starts fresh.
+        return (FakeLoader, (), {"dimension": self.dimension, "weight_bytes": self.weight_bytes})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
     def probe(self, settings: EncoderSettings, environ: Mapping[str, str]) -> Probe:
         if not self.available:
             return Probe(False, self.reason)
