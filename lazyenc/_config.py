@@ -10,7 +10,6 @@ import re
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ._exceptions import ConfigError, did_you_mean
@@ -155,14 +154,15 @@ class Settings:
 
 def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Settings:
     """Read and validate a TOML file; ``environ`` overrides (``LAZYENC_LAZY_ENCODERS``)."""
-    p = Path(path)
+    p = os.fspath(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
     except FileNotFoundError:
-        raise ConfigError("file not found", source=str(p)) from None
+        raise ConfigError("file not found", source=p) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read: {exc}", source=str(p)) from None
-    return parse_config(text, source=str(p), base_dir=str(p.resolve().parent), environ=environ)
+        raise ConfigError(f"cannot read: {exc}", source=p) from None
+    return parse_config(text, source=p, base_dir=os.path.dirname(os.path.realpath(p)), environ=environ)
 
 
 def parse_config(

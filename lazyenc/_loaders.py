@@ -7,17 +7,16 @@ proxy's build lock, and is where the heavy imports happen.
 
 from __future__ import annotations
 
-import logging
+import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ._config import EncoderSettings
+from ._log import log
 from ._probe import Probe, find_library, model_metadata, package_dir, resolve_model
 
 __all__ = ["Loader", "SentenceTransformersLoader", "SpacyLoader", "default_loader", "resolve_device"]
 
-log = logging.getLogger("lazyenc")
 
 
 @runtime_checkable
@@ -74,9 +73,9 @@ class SentenceTransformersLoader:
             return Probe(False, reason)
         if folder is None:  # a hub id to download at build time
             return Probe(True)
-        if not (folder / "config.json").is_file():
-            return Probe(False, f"model folder {str(folder)!r} has no config.json")
-        return Probe(True, path=str(folder), **model_metadata(folder, self.kind, settings.options))
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            return Probe(False, f"model folder {folder!r} has no config.json")
+        return Probe(True, path=folder, **model_metadata(folder, self.kind, settings.options))
 
     def build(self, settings: EncoderSettings, *, device: str, probe: Probe) -> Any:
         import sentence_transformers
@@ -107,9 +106,9 @@ class SpacyLoader:
             if root is None:
                 return Probe(False, f"spaCy model package {model!r} is not installed")
             folder = _spacy_pipeline_dir(root)
-        if not (folder / "config.cfg").is_file():
-            return Probe(False, f"spaCy model folder {str(folder)!r} has no config.cfg")
-        return Probe(True, path=str(folder), **model_metadata(folder, "spacy", settings.options))
+        if not os.path.isfile(os.path.join(folder, "config.cfg")):
+            return Probe(False, f"spaCy model folder {folder!r} has no config.cfg")
+        return Probe(True, path=folder, **model_metadata(folder, "spacy", settings.options))
 
     def build(self, settings: EncoderSettings, *, device: str, probe: Probe) -> Any:
         import spacy
@@ -120,13 +119,13 @@ class SpacyLoader:
         return spacy.load(probe.path or settings.model, **dict(settings.options))
 
 
-def _spacy_pipeline_dir(root: Path) -> Path:
+def _spacy_pipeline_dir(root: str) -> str:
     """A spaCy model package keeps its pipeline in a versioned subfolder."""
-    if (root / "config.cfg").is_file():
+    if os.path.isfile(os.path.join(root, "config.cfg")):
         return root
-    for child in sorted(root.iterdir()):
-        if child.is_dir() and (child / "config.cfg").is_file():
-            return child
+    for child in sorted(os.listdir(root)):
+        if os.path.isfile(os.path.join(root, child, "config.cfg")):
+            return os.path.join(root, child)
     return root
 
 

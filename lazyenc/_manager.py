@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -12,11 +11,11 @@ from typing import Any
 from ._config import Settings, load_config
 from ._exceptions import LazyEncError, UnknownEncoderError
 from ._loaders import Loader, default_loader
+from ._log import log
 from ._proxy import ComponentStatus, EncoderProxy, proxy_class
 
 __all__ = ["EncoderManager"]
 
-log = logging.getLogger("lazyenc")
 
 
 class EncoderManager:

@@ -1,18 +1,17 @@
 """Cheap probes: is the backing library installed, are the model's files on disk?
 
 Nothing here imports torch, sentence-transformers or spaCy, and nothing touches
-CUDA: a probe must be safe before a fork and cost a few milliseconds.
+CUDA: a probe must be safe before a fork and cost a few milliseconds. Plain
+os.path rather than pathlib keeps `import lazyenc` light.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 __all__ = ["Probe", "find_library", "hf_cache_dir", "model_metadata", "resolve_model"]
@@ -49,7 +48,7 @@ def find_library(module: str, extra: str, package: str) -> str:
     return f"{package} is not installed: pip install 'lazyenc[{extra}]'"
 
 
-def package_dir(package: str) -> Path | None:
+def package_dir(package: str) -> str | None:
     """The folder of an installed top-level package, found without importing it."""
     try:
         spec = importlib.util.find_spec(package)
@@ -59,18 +58,18 @@ def package_dir(package: str) -> Path | None:
         return None
     locations = list(spec.submodule_search_locations or [])
     if locations:
-        return Path(locations[0])
-    return Path(spec.origin).parent if spec.origin else None
+        return str(locations[0])
+    return os.path.dirname(spec.origin) if spec.origin else None
 
 
-def hf_cache_dir(environ: Mapping[str, str]) -> Path:
+def hf_cache_dir(environ: Mapping[str, str]) -> str:
     """The Hugging Face hub cache folder, as huggingface_hub resolves it."""
     if environ.get("HF_HUB_CACHE"):
-        return Path(environ["HF_HUB_CACHE"]).expanduser()
+        return os.path.expanduser(environ["HF_HUB_CACHE"])
     if environ.get("HF_HOME"):
-        return Path(environ["HF_HOME"]).expanduser() / "hub"
+        return os.path.join(os.path.expanduser(environ["HF_HOME"]), "hub")
     xdg = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "huggingface" / "hub"
+    return os.path.join(xdg, "huggingface", "hub")
 
 
 def downloads_allowed(environ: Mapping[str, str]) -> bool:
@@ -80,17 +79,20 @@ def downloads_allowed(environ: Mapping[str, str]) -> bool:
     )
 
 
-def _cached_snapshot(model_id: str, environ: Mapping[str, str]) -> Path | None:
-    repo = hf_cache_dir(environ) / ("models--" + model_id.replace("/", "--"))
-    snapshots = repo / "snapshots"
-    if not snapshots.is_dir():
+def _cached_snapshot(model_id: str, environ: Mapping[str, str]) -> str | None:
+    repo = os.path.join(hf_cache_dir(environ), "models--" + model_id.replace("/", "--"))
+    snapshots = os.path.join(repo, "snapshots")
+    if not os.path.isdir(snapshots):
         return None
-    ref = repo / "refs" / "main"
-    if ref.is_file():
-        candidate = snapshots / ref.read_text(encoding="utf-8").strip()
-        if candidate.is_dir():
+    try:
+        with open(os.path.join(repo, "refs", "main"), encoding="utf-8") as f:
+            candidate = os.path.join(snapshots, f.read().strip())
+        if os.path.isdir(candidate):
             return candidate
-    found = sorted((p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    except OSError:
+        pass
+    found = [os.path.join(snapshots, d) for d in os.listdir(snapshots)]
+    found = sorted((p for p in found if os.path.isdir(p)), key=os.path.getmtime)
     return found[-1] if found else None
 
 
@@ -98,10 +100,10 @@ def is_path_like(model: str, base_dir: str) -> bool:
     """Whether ``model`` names a folder rather than a hub id."""
     if model.startswith(("/", "./", "../", "~", ".\\")):
         return True
-    return (Path(base_dir) / model).is_dir()
+    return os.path.isdir(os.path.join(base_dir, model))
 
 
-def resolve_model(model: str, *, base_dir: str, environ: Mapping[str, str]) -> tuple[Path | None, str]:
+def resolve_model(model: str, *, base_dir: str, environ: Mapping[str, str]) -> tuple[str | None, str]:
     """(folder on disk or None, reason it is missing or '') for a model string.
 
     ``pkg:<package>/<subpath>``, a local path, or a hub id looked up in the local
@@ -113,14 +115,14 @@ def resolve_model(model: str, *, base_dir: str, environ: Mapping[str, str]) -> t
         root = package_dir(package)
         if root is None:
             return None, f"package {package!r} is not installed (model {model!r})"
-        folder = root / sub if sub else root
-        if not folder.is_dir():
-            return None, f"no folder {str(folder)!r} in package {package!r} (model {model!r})"
+        folder = os.path.join(root, sub) if sub else root
+        if not os.path.isdir(folder):
+            return None, f"no folder {folder!r} in package {package!r} (model {model!r})"
         return folder, ""
     if is_path_like(model, base_dir):
-        folder = (Path(base_dir) / Path(model).expanduser()).resolve()
-        if not folder.is_dir():
-            return None, f"model folder {str(folder)!r} does not exist"
+        folder = os.path.realpath(os.path.join(base_dir, os.path.expanduser(model)))
+        if not os.path.isdir(folder):
+            return None, f"model folder {folder!r} does not exist"
         return folder, ""
     snapshot = _cached_snapshot(model, environ)
     if snapshot is not None:
@@ -133,63 +135,73 @@ def resolve_model(model: str, *, base_dir: str, environ: Mapping[str, str]) -> t
     )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: str) -> Any:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
     except (OSError, ValueError):
-        return {}
+        return None
+
+
+def _read_dict(path: str) -> dict[str, Any]:
+    data = _read_json(path)
     return data if isinstance(data, dict) else {}
 
 
-def _weight_files(folder: Path) -> list[Path]:
-    """Weight files in the folder and its module subfolders (two levels)."""
-    found: list[Path] = []
+def _walk(folder: str, *, max_depth: int) -> list[str]:
+    found: list[str] = []
     for root, dirs, files in os.walk(folder):
-        depth = len(Path(root).relative_to(folder).parts)
-        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and depth < 1]
-        found += [Path(root) / f for f in files if f.endswith(_WEIGHT_SUFFIXES)]
-    # transformers reads safetensors when present and ignores the .bin/.pt twins.
-    if any(p.suffix == ".safetensors" for p in found):
-        found = [p for p in found if p.suffix == ".safetensors"]
+        depth = 0 if root == folder else os.path.relpath(root, folder).count(os.sep) + 1
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and depth < max_depth]
+        found += [os.path.join(root, f) for f in files]
     return sorted(found)
 
 
-def _all_files(folder: Path) -> list[Path]:
-    return sorted(Path(root) / f for root, _, files in os.walk(folder) for f in files)
+def _weight_files(folder: str) -> list[str]:
+    """Weight files in the folder and its module subfolders (one level down)."""
+    found = [f for f in _walk(folder, max_depth=1) if f.endswith(_WEIGHT_SUFFIXES)]
+    # transformers reads safetensors when present and ignores the .bin/.pt twins.
+    safetensors = [f for f in found if f.endswith(".safetensors")]
+    return safetensors or found
 
 
-def fingerprint(files: list[Path], folder: Path) -> str:
+def fingerprint(files: list[str], folder: str) -> str:
     """A short, stable id from the files' names, sizes and modification times."""
+    import hashlib
+
     digest = hashlib.sha1()
     for f in files:
-        st = f.stat()
-        digest.update(f"{f.relative_to(folder)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        st = os.stat(f)
+        digest.update(f"{os.path.relpath(f, folder)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:12]
 
 
-def _revision(folder: Path, files: list[Path]) -> str:
-    if folder.parent.name == "snapshots":
-        return folder.name
+def _revision(folder: str, files: list[str]) -> str:
+    if os.path.basename(os.path.dirname(os.path.normpath(folder))) == "snapshots":
+        return os.path.basename(os.path.normpath(folder))
     return fingerprint(files, folder)
 
 
-def model_metadata(folder: Path, kind: str, options: Mapping[str, Any]) -> dict[str, Any]:
+def model_metadata(folder: str, kind: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """Dimension, max_seq_length, revision and weight_bytes from config files on disk."""
     if kind == "spacy":
-        files = _all_files(folder)
+        files = _walk(folder, max_depth=8)
         return {
             "dimension": None,
             "max_seq_length": None,
             "revision": _revision(folder, files),
-            "weight_bytes": sum(f.stat().st_size for f in files),
+            "weight_bytes": sum(os.path.getsize(f) for f in files),
         }
-    config = _read_json(folder / "config.json")
-    st_config = _read_json(folder / "sentence_bert_config.json")
+    config = _read_dict(os.path.join(folder, "config.json"))
+    st_config = _read_dict(os.path.join(folder, "sentence_bert_config.json"))
     weights = _weight_files(folder)
     dimension: int | None = None
     if kind == "dense":
-        for module in _read_json_list(folder / "modules.json"):
-            mconf = _read_json(folder / str(module.get("path", "")) / "config.json")
+        modules = _read_json(os.path.join(folder, "modules.json"))
+        for module in modules if isinstance(modules, list) else []:
+            if not isinstance(module, dict):
+                continue
+            mconf = _read_dict(os.path.join(folder, str(module.get("path", "")), "config.json"))
             if "out_features" in mconf:
                 dimension = int(mconf["out_features"])
             elif "word_embedding_dimension" in mconf:
@@ -208,13 +220,5 @@ def model_metadata(folder: Path, kind: str, options: Mapping[str, Any]) -> dict[
         "dimension": dimension,
         "max_seq_length": max_seq if isinstance(max_seq, int) else None,
         "revision": _revision(folder, weights),
-        "weight_bytes": sum(f.stat().st_size for f in weights) if weights else None,
+        "weight_bytes": sum(os.path.getsize(f) for f in weights) if weights else None,
     }
-
-
-def _read_json_list(path: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import logging
 import os
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 from ._config import EncoderSettings, HardwareSettings
 from ._exceptions import EncoderClosedError, EncoderLoadError, EncoderUnavailableError
 from ._loaders import Loader, resolve_device
+from ._log import log
 from ._probe import Probe
 from ._process import rss_bytes
 
@@ -40,7 +40,6 @@ __all__ = [
     "proxy_class",
 ]
 
-log = logging.getLogger("lazyenc")
 
 State = Literal["unavailable", "idle", "loading", "loaded", "disabled"]
 STATES: tuple[State, ...] = ("unavailable", "idle", "loading", "loaded", "disabled")

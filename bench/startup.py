@@ -1,0 +1,94 @@
+"""Start-up and per-call cost of lazyenc, measured side by side in one run.
+
+    python bench/startup.py [--runs 15] [--config config.example.toml]
+
+1. Fresh processes: bare `python -c pass` against `import lazyenc` + manager
+   init from TOML + status(), lazily and with lazy_encoders = false (eager).
+   Wall time is spawn-to-exit (median of runs); RSS is the child's peak.
+2. The proxy's overhead per call: a no-op model called through a loaded proxy
+   against the same model called directly (best of 5 rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import timeit
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PEAK = "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+
+
+def run(code: str, env: dict[str, str], runs: int) -> tuple[float, float]:
+    """Median wall seconds and median peak RSS bytes of `python -c code`."""
+    times, rss = [], []
+    for _ in range(runs):
+        started = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        times.append(time.perf_counter() - started)
+        rss.append(int(out.stdout.strip().splitlines()[-1]))
+    return statistics.median(times), statistics.median(rss)
+
+
+def per_call_overhead(rounds: int = 5, number: int = 200_000) -> tuple[float, float]:
+    """(direct µs, through-proxy µs) per call of a no-op encode."""
+    sys.path.insert(0, str(ROOT))
+    from lazyenc import EncoderManager
+    from lazyenc.testing import FakeLoader, make_settings
+
+    class Noop:
+        def encode(self, inputs: object) -> object:
+            return inputs
+
+    model = Noop()
+    mgr = EncoderManager(
+        make_settings({"noop": "dense"}), loaders={"noop": FakeLoader(model_factory=lambda: model)}
+    )
+    proxy = mgr["noop"]
+    proxy.load()
+    args = ["x"]
+    direct = min(timeit.repeat(lambda: model.encode(args), number=number, repeat=rounds)) / number
+    proxied = min(timeit.repeat(lambda: proxy.encode(args), number=number, repeat=rounds)) / number
+    return direct * 1e6, proxied * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--config", default=str(ROOT / "config.example.toml"))
+    args = parser.parse_args()
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    env.pop("LAZYENC_LAZY_ENCODERS", None)
+    init = f"import lazyenc; m = lazyenc.EncoderManager.from_toml({args.config!r}); m.status(); {PEAK}"
+    n_enc = len(__import__("tomllib").loads(Path(args.config).read_text())["encoders"])
+
+    bare_t, bare_rss = run(f"pass; {PEAK}", env, args.runs)
+    lazy_t, lazy_rss = run(init, env, args.runs)
+    eager_t, eager_rss = run(init, dict(env, LAZYENC_LAZY_ENCODERS="0"), max(1, args.runs // 5))
+
+    mib = 2**20
+    print(f"fresh processes, median of {args.runs} runs ({n_enc} encoders configured: {args.config})")
+    print(f"{'':34}{'wall ms':>10}{'peak RSS MiB':>14}{'vs bare ms':>12}{'vs bare MiB':>13}")
+    for label, t, r in (
+        ("python -c pass", bare_t, bare_rss),
+        ("lazyenc import+init+status (lazy)", lazy_t, lazy_rss),
+        ("same, lazy_encoders = false", eager_t, eager_rss),
+    ):
+        print(f"{label:34}{t * 1e3:10.1f}{r / mib:14.1f}{(t - bare_t) * 1e3:12.1f}{(r - bare_rss) / mib:13.1f}")
+    print(f"lazy init: eager takes {eager_t / lazy_t:.0f}x the time and {eager_rss / lazy_rss:.0f}x the peak RSS")
+    goal_t, goal_m = (lazy_t - bare_t) * 1e3 <= 50, (lazy_rss - bare_rss) / mib <= 15
+    print(f"goal init within 50 ms and 15 MiB of bare python: {'met' if goal_t and goal_m else 'NOT met'}")
+
+    direct, proxied = per_call_overhead()
+    print(f"\nper call, no-op model: direct {direct:.3f} µs, through the proxy {proxied:.3f} µs")
+    print(f"proxy overhead {proxied - direct:.3f} µs per call (goal < 10 µs: {'met' if proxied - direct < 10 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
