@@ -29,7 +29,9 @@ def run(code: str, env: dict[str, str], runs: int) -> tuple[float, float]:
     times, rss = [], []
     for _ in range(runs):
         started = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
         times.append(time.perf_counter() - started)
         rss.append(int(out.stdout.strip().splitlines()[-1]))
     return statistics.median(times), statistics.median(rss)
@@ -58,7 +60,9 @@ def per_call_overhead(rounds: int = 5, number: int = 200_000) -> tuple[float, fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--config", default=str(ROOT / "config.example.toml"))
     args = parser.parse_args()
@@ -80,14 +84,20 @@ def main() -> None:
         ("lazyenc import+init+status (lazy)", lazy_t, lazy_rss),
         ("same, lazy_encoders = false", eager_t, eager_rss),
     ):
-        print(f"{label:34}{t * 1e3:10.1f}{r / mib:14.1f}{(t - bare_t) * 1e3:12.1f}{(r - bare_rss) / mib:13.1f}")
-    print(f"lazy init: eager takes {eager_t / lazy_t:.0f}x the time and {eager_rss / lazy_rss:.0f}x the peak RSS")
+        print(
+            f"{label:34}{t * 1e3:10.1f}{r / mib:14.1f}{(t - bare_t) * 1e3:12.1f}{(r - bare_rss) / mib:13.1f}"
+        )
+    print(
+        f"lazy init: eager takes {eager_t / lazy_t:.0f}x the time and {eager_rss / lazy_rss:.0f}x the peak RSS"
+    )
     goal_t, goal_m = (lazy_t - bare_t) * 1e3 <= 50, (lazy_rss - bare_rss) / mib <= 15
     print(f"goal init within 50 ms and 15 MiB of bare python: {'met' if goal_t and goal_m else 'NOT met'}")
 
     direct, proxied = per_call_overhead()
     print(f"\nper call, no-op model: direct {direct:.3f} µs, through the proxy {proxied:.3f} µs")
-    print(f"proxy overhead {proxied - direct:.3f} µs per call (goal < 10 µs: {'met' if proxied - direct < 10 else 'NOT met'})")
+    print(
+        f"proxy overhead {proxied - direct:.3f} µs per call (goal < 10 µs: {'met' if proxied - direct < 10 else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

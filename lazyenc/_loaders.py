@@ -18,7 +18,6 @@ from ._probe import Probe, find_library, model_metadata, package_dir, resolve_mo
 __all__ = ["Loader", "SentenceTransformersLoader", "SpacyLoader", "default_loader", "resolve_device"]
 
 
-
 @runtime_checkable
 class Loader(Protocol):
     """Probes and builds the model of one kind."""

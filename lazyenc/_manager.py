@@ -17,7 +17,6 @@ from ._proxy import ComponentStatus, EncoderProxy, proxy_class
 __all__ = ["EncoderManager"]
 
 
-
 class EncoderManager:
     """Holds a proxy per encoder; builds nothing until first use (unless eager).
 
