@@ -560,3 +560,24 @@ def test_bad_app_options_raise_a_clear_error(kwargs: dict[str, Any], fragment: s
     """A malformed prefix, metrics path or refresh interval is refused when the app is built."""
     with pytest.raises(ValueError, match=re.escape(fragment)):
         create_app(manager(), **kwargs)
+
+
+# -- optional dependencies -------------------------------------------------------------------------
+def test_importing_lazyenc_admin_imports_no_web_library() -> None:
+    """`import lazyenc.admin` stays cheap: starlette, uvicorn and prometheus_client load on first use."""
+    import subprocess
+
+    code = (
+        "import sys, lazyenc.admin; "
+        "print(sorted(m for m in ('starlette', 'uvicorn', 'prometheus_client', 'psutil', 'torch') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert "[]" == out.stdout.strip()
+
+
+def test_a_missing_admin_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without starlette installed, create_app raises ImportError naming `lazyenc[admin]`."""
+    monkeypatch.setitem(sys.modules, "starlette", None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'lazyenc[admin]'")):
+        create_app(manager())
