@@ -62,7 +62,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "lazyenc.toml"
         config.write_text(
-            (ROOT / "config.example.toml").read_text() + '\n[admin]\ntoken_env = "LAZYENC_BENCH_ADMIN_TOKEN"\n'
+            (ROOT / "config.example.toml").read_text()
+            + '\n[admin]\ntoken_env = "LAZYENC_BENCH_ADMIN_TOKEN"\n'
         )
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -73,7 +74,7 @@ def main() -> int:
             "HF_HUB_OFFLINE": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
         }
-        log = open(Path(tmp) / "server.log", "w+")  # noqa: SIM115 - closed below
+        log = open(Path(tmp) / "server.log", "w+")
         server = subprocess.Popen(
             [sys.executable, "-m", "lazyenc", "admin", "--config", str(config), "--port", str(port)],
             env=env,
@@ -81,11 +82,16 @@ def main() -> int:
             stderr=subprocess.STDOUT,
         )
         try:
-            return run(f"http://127.0.0.1:{port}", server, args.requests)
+            code = run(f"http://127.0.0.1:{port}", server, args.requests)
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
+            log.seek(0)
+            server_log = log.read()
             log.close()
+        if code:
+            print(f"server log:\n{server_log}", file=sys.stderr)
+        return code
 
 
 def run(base: str, server: subprocess.Popen[bytes], n: int) -> int:
@@ -132,14 +138,16 @@ def run(base: str, server: subprocess.Popen[bytes], n: int) -> int:
     dense = next(c for c in after["components"] if c["name"] == "dense")
     print(f"server: lazyenc admin on config.example.toml, {base}")
     print(
-        f"at rest: RSS {before['process']['rss_human']}, torch imported: {before['process']['torch_imported']}"
+        f"at rest: RSS {before['process']['rss_human']}, "
+        f"torch imported: {before['process']['torch_imported']}"
     )
     print(summary("GET /admin/components rest", rest_json))
     print(summary("GET /admin (HTML) rest", rest_html))
     print(summary("GET /metrics rest", rest_metrics))
     print(f"POST /admin/components/dense/load -> {accepted.status_code} in {post_ms:.2f} ms")
     print(
-        f"build: {dense['load_seconds']:.2f} s inside the server (imports sentence-transformers, builds MiniLM); "
+        f"build: {dense['load_seconds']:.2f} s inside the server "
+        "(imports sentence-transformers, builds MiniLM); "
         f"RSS after {after['process']['rss_human']}, delta {dense['rss_delta_bytes'] / 2**20:.0f} MiB"
     )
     print(f"{len(during)} requests in the {window_s:.2f} s window, {loading_seen} of them answered 'loading'")

@@ -168,7 +168,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_admin(args: argparse.Namespace) -> int:
     from .admin import serve
 
-    serve(_manager(args), host=args.host, port=args.port)
+    try:
+        serve(_manager(args), host=args.host, port=args.port)
+    except ImportError as exc:  # the admin extra is missing; the message names it
+        print(f"lazyenc: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -48,14 +48,16 @@ _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
-def _require_admin_extra() -> None:
-    try:
-        import prometheus_client  # noqa: F401
-        import starlette  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(
-            f"the admin panel needs {exc.name}: pip install 'lazyenc[admin]'", name=exc.name
-        ) from None
+def _require_admin_extra(*modules: str) -> None:
+    import importlib
+
+    for module in ("prometheus_client", "starlette", *modules):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise ImportError(
+                f"the admin panel needs {module}: pip install 'lazyenc[admin]'", name=module
+            ) from None
 
 
 # -- what the panel shows (plain functions: no web framework needed) ----------------
@@ -447,16 +449,24 @@ def serve(
     log_level: str = "info",
 ) -> None:
     """Run the panel with uvicorn on ``[admin] host``/``port`` until stopped; closes ``manager``."""
-    _require_admin_extra()
-    import uvicorn
-
-    admin = manager.settings.admin
-    host = admin.host if host is None else host
-    port = admin.port if port is None else port
-    app = create_app(manager, close_manager_on_shutdown=True)
-    if host not in _LOOPBACK and not admin.protect_reads:
-        log.warning("the admin panel listens on %s and its reads need no token ([admin] protect_reads)", host)
     try:
+        _require_admin_extra("uvicorn")
+        import uvicorn
+
+        admin = manager.settings.admin
+        host = admin.host if host is None else host
+        port = admin.port if port is None else port
+        app = create_app(manager, close_manager_on_shutdown=True)
+        if not log.handlers and not logging.getLogger().handlers:
+            # Show builds and unloads next to uvicorn's own lines.
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(levelname)-9s lazyenc: %(message)s"))
+            log.addHandler(handler)
+            log.setLevel(logging.INFO)
+        if host not in _LOOPBACK and not admin.protect_reads:
+            log.warning(
+                "the admin panel listens on %s and its reads need no token ([admin] protect_reads)", host
+            )
         uvicorn.run(app, host=host, port=port, log_level=log_level)
     finally:
         manager.close()

@@ -581,3 +581,28 @@ def test_a_missing_admin_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "starlette", None)
     with pytest.raises(ImportError, match=re.escape("pip install 'lazyenc[admin]'")):
         create_app(manager())
+
+
+def test_lazyenc_admin_subcommand_takes_config_host_and_port() -> None:
+    """`lazyenc admin --config F --host H --port P` parses into the admin command."""
+    from lazyenc._cli import build_parser, cmd_admin
+
+    args = build_parser().parse_args(["admin", "--config", "x.toml", "--host", "0.0.0.0", "--port", "9001"])
+    assert ("x.toml", "0.0.0.0", 9001, cmd_admin) == (args.config, args.host, args.port, args.func)
+    defaults = build_parser().parse_args(["admin"])
+    assert (None, None) == (defaults.host, defaults.port)
+
+
+def test_lazyenc_admin_without_the_extra_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing starlette makes `lazyenc admin` print one line naming lazyenc[admin] and exit 1."""
+    from lazyenc._cli import main
+
+    config = tmp_path / "lazyenc.toml"
+    config.write_text("")
+    monkeypatch.setitem(sys.modules, "starlette", None)
+    assert 1 == main(["admin", "--config", str(config)])
+    assert (
+        "lazyenc: the admin panel needs starlette: pip install 'lazyenc[admin]'\n" == capsys.readouterr().err
+    )

@@ -48,7 +48,9 @@ def server_url() -> Iterator[str]:
             "dense": FakeLoader(dimension=384),
             "rerank": FakeLoader(gate=gate),
             "sparse": FakeLoader(fail=RuntimeError("config.json: <unexpected> key")),
-            "spacy": FakeLoader(available=False, reason="spaCy is not installed: pip install 'lazyenc[spacy]'"),
+            "spacy": FakeLoader(
+                available=False, reason="spaCy is not installed: pip install 'lazyenc[spacy]'"
+            ),
             "spare": FakeLoader(),
         },
     )
