@@ -126,6 +126,14 @@ def _error(status: int, message: str, headers: Mapping[str, str] | None = None) 
     return JSONResponse(body, status_code=status, headers=dict(headers or {}))
 
 
+def _wrong_method(request: Request, method: str = "GET") -> Response | None:
+    """A JSON 405 unless the request uses ``method`` (GET admits HEAD)."""
+    allowed = ("GET", "HEAD") if method == "GET" else (method,)
+    if request.method in allowed:
+        return None
+    return _error(405, f"{request.method} is not allowed here; use {method}", {"Allow": ", ".join(allowed)})
+
+
 def _json(body: Any, status: int = 200) -> Response:
     from starlette.responses import JSONResponse
 
@@ -200,8 +208,9 @@ class _Panel:
         """GET/HEAD only (JSON 405 otherwise, whatever app hosts the route), token if protect_reads."""
 
         async def guarded(request: Request) -> Response:
-            if request.method not in ("GET", "HEAD"):
-                return _error(405, f"{request.method} is not allowed here; use GET", {"Allow": "GET, HEAD"})
+            wrong = _wrong_method(request)
+            if wrong is not None:
+                return wrong
             if self.protect_reads:
                 denied = self._denied(request)
                 if denied is not None:
@@ -236,13 +245,12 @@ class _Panel:
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
     async def health(self, request: Request) -> Response:
-        if request.method not in ("GET", "HEAD"):
-            return _error(405, f"{request.method} is not allowed here; use GET", {"Allow": "GET, HEAD"})
-        return _json({"status": "ok", "pid": os.getpid()})
+        return _wrong_method(request) or _json({"status": "ok", "pid": os.getpid()})
 
     async def ready(self, request: Request) -> Response:
-        if request.method not in ("GET", "HEAD"):
-            return _error(405, f"{request.method} is not allowed here; use GET", {"Allow": "GET, HEAD"})
+        wrong = _wrong_method(request)
+        if wrong is not None:
+            return wrong
         ok, reasons = readiness(self.manager)
         if self.protect_reads and self._denied(request) is not None:
             # Probes send no token: they get the verdict, not the error messages.
@@ -250,10 +258,12 @@ class _Panel:
         return _json({"ready": ok, "reasons": reasons}, 200 if ok else 503)
 
     async def metrics(self, request: Request) -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from prometheus_client.exposition import choose_encoder
         from starlette.responses import Response
 
-        return Response(generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        # The scraper's Accept header picks the format (Prometheus text 0.0.4 or OpenMetrics).
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encode(self.registry), headers={"Content-Type": content_type})
 
     # -- writes ---------------------------------------------------------------------
     async def action(self, request: Request) -> Response:
@@ -262,18 +272,18 @@ class _Panel:
         name, action = request.path_params["name"], request.path_params["action"]
         if action not in ACTIONS:
             return _error(404, f"unknown action {action!r}; valid: {', '.join(ACTIONS)}")
-        if request.method != "POST":
-            return _error(405, f"{request.method} is not allowed here; use POST", {"Allow": "POST"})
+        wrong = _wrong_method(request, "POST")
+        if wrong is not None:
+            return wrong
         denied = self._denied(request)
         if denied is not None:
             return denied
         if name not in self.manager:
             return _error(404, str(UnknownEncoderError(name, self.manager)))
         proxy = self.manager[name]
-        state = proxy.state
         if action == "load":
             return self._load(name, proxy)
-        if state == "loading":
+        if proxy.state == "loading":
             # unload and reset take the build lock: refuse rather than hang until the build ends.
             return _error(409, f"encoder {name!r} is loading; {action} it after the build finishes")
         if action == "unload":

@@ -606,3 +606,13 @@ def test_lazyenc_admin_without_the_extra_says_what_to_install(
     assert (
         "lazyenc: the admin panel needs starlette: pip install 'lazyenc[admin]'\n" == capsys.readouterr().err
     )
+
+
+def test_metrics_answer_openmetrics_when_the_scraper_asks_for_it() -> None:
+    """An Accept of application/openmetrics-text gets OpenMetrics; plain scrapes get Prometheus text."""
+    with TestClient(create_app(manager(), environ=ENVIRON)) as client:
+        plain = client.get("/metrics")
+        om = client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert plain.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert om.headers["content-type"].startswith("application/openmetrics-text")
+    assert om.text.endswith("# EOF\n")
