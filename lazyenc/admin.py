@@ -16,6 +16,7 @@ starlette, uvicorn and prometheus_client are imported inside the functions
 
 from __future__ import annotations
 
+import base64
 import hmac
 import http
 import logging
@@ -188,23 +189,26 @@ class _Panel:
         self.registry = metrics_registry(manager)
 
     # -- plumbing ----------------------------------------------------------------
-    def _denied(self, request: Request) -> Response | None:
-        """None when the request may pass; else the 403 (no token configured) or 401."""
+    def _denied(self, request: Request, *, basic: bool = False) -> Response | None:
+        """None when the request may pass; else the 403 (no token configured) or 401.
+
+        ``basic``: also take HTTP Basic with the token as password, and challenge
+        with Basic, so that a browser prompts for it (the page under protect_reads).
+        """
         if not self.token:
             return _error(403, self.no_token_reason)
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        given = _credential(request.headers.get("authorization", ""), basic=basic)
         # compare_digest on bytes: str arguments must be ASCII, a header need not be.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode("utf-8", "surrogateescape"), self.token.encode("utf-8", "surrogateescape")
-        ):
+        if given is None or not hmac.compare_digest(given, self.token.encode("utf-8", "surrogateescape")):
+            challenge = "Basic" if basic else "Bearer"
             return _error(
                 401,
                 "missing or wrong token: send 'Authorization: Bearer <token>'",
-                headers={"WWW-Authenticate": 'Bearer realm="lazyenc admin"'},
+                headers={"WWW-Authenticate": f'{challenge} realm="lazyenc admin"'},
             )
         return None
 
-    def _read(self, endpoint: _Endpoint) -> _Endpoint:
+    def _read(self, endpoint: _Endpoint, *, basic: bool = False) -> _Endpoint:
         """GET/HEAD only (JSON 405 otherwise, whatever app hosts the route), token if protect_reads."""
 
         async def guarded(request: Request) -> Response:
@@ -212,7 +216,7 @@ class _Panel:
             if wrong is not None:
                 return wrong
             if self.protect_reads:
-                denied = self._denied(request)
+                denied = self._denied(request, basic=basic)
                 if denied is not None:
                     return denied
             return await endpoint(request)
@@ -319,7 +323,9 @@ class _Panel:
         p = self.prefix
         # Every route takes every method and answers a wrong one itself, as JSON, in any host app.
         return [
-            Route(p or "/", self._read(self.page), methods=_ALL_METHODS, name="lazyenc_admin_page"),
+            Route(
+                p or "/", self._read(self.page, basic=True), methods=_ALL_METHODS, name="lazyenc_admin_page"
+            ),
             Route(
                 f"{p}/components",
                 self._read(self.components),
@@ -332,6 +338,20 @@ class _Panel:
             Route(f"{p}/ready", self.ready, methods=_ALL_METHODS, name="lazyenc_admin_ready"),
             Route(self.metrics_path, self._read(self.metrics), methods=_ALL_METHODS, name="lazyenc_metrics"),
         ]
+
+
+def _credential(header: str, *, basic: bool) -> bytes | None:
+    """The token sent in an Authorization header: Bearer, or (if allowed) a Basic password."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip().encode("utf-8", "surrogateescape")
+    if basic and scheme.lower() == "basic":
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True)
+        except ValueError:  # binascii.Error is a ValueError
+            return None
+        return decoded.partition(b":")[2]
+    return None
 
 
 def _status(proxy: Any) -> dict[str, Any]:

@@ -616,3 +616,20 @@ def test_metrics_answer_openmetrics_when_the_scraper_asks_for_it() -> None:
     assert plain.headers["content-type"].startswith("text/plain; version=0.0.4")
     assert om.headers["content-type"].startswith("application/openmetrics-text")
     assert om.text.endswith("# EOF\n")
+
+
+def test_the_page_under_protect_reads_takes_basic_auth_so_a_browser_can_log_in() -> None:
+    """With protect_reads the page challenges with Basic and accepts the token as password; writes do not."""
+    import base64
+
+    basic = {"Authorization": "Basic " + base64.b64encode(f"admin:{TOKEN}".encode()).decode()}
+    with TestClient(create_app(manager(protect_reads=True), environ=ENVIRON)) as client:
+        challenge = client.get("/admin")
+        page = client.get("/admin", headers=basic)
+        garbage = client.get("/admin", headers={"Authorization": "Basic %%%"})
+        write = client.post("/admin/components/dense/unload", headers=basic)
+    assert (401, 'Basic realm="lazyenc admin"') == (
+        challenge.status_code,
+        challenge.headers["www-authenticate"],
+    )
+    assert (200, 401, 401) == (page.status_code, garbage.status_code, write.status_code)
