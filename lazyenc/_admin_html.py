@@ -53,6 +53,7 @@ table{border-collapse:collapse;width:100%;font-size:.9rem}
 th,td{border:1px solid #d0d7de;padding:.35rem .55rem;text-align:left;vertical-align:top}
 th{background:#f6f8fa;font-weight:600;white-space:nowrap}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.time{white-space:nowrap}
 td.model{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.8rem;word-break:break-all}
 td.reason{color:#57606a;max-width:28rem;word-break:break-word}
 .badge{display:inline-block;padding:.1rem .55rem;border-radius:1rem;font-weight:600;font-size:.8rem;
@@ -136,8 +137,8 @@ def _row(c: Mapping[str, Any], extras: Sequence[str], now: float) -> str:
         _cell(human_bytes(delta) if delta is not None else "-", cls="num"),
         _cell(c.get("calls", 0), cls="num"),
         _cell(c.get("errors", 0), cls="num"),
-        _cell(_ago(loaded_at, now), title=_utc(loaded_at) if loaded_at else ""),
-        _cell(_ago(last_used, now), title=_utc(last_used) if last_used else ""),
+        _cell(_ago(loaded_at, now), cls="time", title=_utc(loaded_at) if loaded_at else ""),
+        _cell(_ago(last_used, now), cls="time", title=_utc(last_used) if last_used else ""),
         _cell(c.get("reason") or "", cls="reason"),
         *(_cell(_generic(c.get(key)), cls=f"extra extra-{escape(key)}") for key in extras),
     ]
