@@ -1,4 +1,4 @@
-"""The ``lazyenc`` command: status, warmup, encode, demo, admin.
+"""The ``lazyenc`` command: status, warmup, encode, demo.
 
 Every error is one line on stderr and a non-zero exit: 2 for bad usage or
 configuration, 1 for an encoder that cannot serve.
