@@ -167,6 +167,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_admin(args: argparse.Namespace) -> int:
+    from .admin import serve
+
+    try:
+        serve(_manager(args), host=args.host, port=args.port)
+    except ImportError as exc:  # the admin extra is missing; the message names it
+        print(f"lazyenc: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(prog="lazyenc", description="Lazily loaded ML encoders.")
@@ -190,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", parents=[common], help="status, one dense call, status again")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("admin", parents=[common], help="serve the admin panel and /metrics with uvicorn")
+    p.add_argument("--host", help="address to bind (default: [admin] host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: [admin] port, 8710)")
+    p.set_defaults(func=cmd_admin)
     return parser
 
 
