@@ -290,9 +290,19 @@ class Lifecycle:
 
 
 def _after_fork_in_child() -> None:
+    proxies = list(_LIVE_PROXIES)
+    # GNU OpenMP's thread pool does not survive fork: a child of a parent that
+    # ran torch hangs in its first parallel op unless torch stays on one thread
+    # (what torch's own DataLoader workers do).
+    ran_torch = any(p.kind != "spacy" and p._load_seconds is not None for p in proxies)
+    if ran_torch and "torch" in sys.modules:
+        try:
+            sys.modules["torch"].set_num_threads(1)
+        except Exception:  # pragma: no cover - a half-imported torch
+            pass
     for lifecycle in list(_LIVE_LIFECYCLES):
         lifecycle._after_fork_in_child()
-    for proxy in list(_LIVE_PROXIES):
+    for proxy in proxies:
         proxy._after_fork_in_child()
 
 
