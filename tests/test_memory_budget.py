@@ -45,7 +45,7 @@ def test_max_loaded_evicts_the_least_recently_used_encoder() -> None:
 
 
 def test_a_budget_too_small_raises_and_does_not_disable_the_encoder() -> None:
-    """A build larger than memory_budget_mb raises MemoryBudgetError naming need and budget; state stays idle."""
+    """A build over memory_budget_mb raises MemoryBudgetError naming need and budget; state stays idle."""
     loader = FakeLoader(weight_bytes=10 * MIB)
     settings = make_settings({"big": "dense"}, memory_budget_mb=1)
     with EncoderManager(settings, loaders={"dense": loader}) as mgr:

@@ -115,7 +115,9 @@ def test_no_idle_timeout_starts_no_thread() -> None:
 
 def test_a_warmed_up_model_that_is_never_called_unloads_too() -> None:
     """A build without calls (warmup) starts the idle timer as well."""
-    with EncoderManager(make_settings({"a": "dense"}, idle_unload_s=0.05), loaders={"dense": FakeLoader()}) as mgr:
+    with EncoderManager(
+        make_settings({"a": "dense"}, idle_unload_s=0.05), loaders={"dense": FakeLoader()}
+    ) as mgr:
         mgr.warmup("a")
         assert wait_for(lambda: mgr["a"].state == "idle")
 
