@@ -6,6 +6,12 @@ State machine::
     idle ──first call──> loading ──ok──> loaded ──unload()──> idle
                               └──error──> disabled ──reset()──> idle
 
+    loaded ──idle_unload_s passed, or evicted for the budget──> idle
+    disabled ──retry_after_s passed: the next call builds once──> loading
+
+The memory lifecycle (idle timer, budget, fork hook) lives in ``_memory.py``;
+the proxy only exposes small hooks to it (``_begin_call``/``_end_call`` ...).
+
 Reading ``state``, ``status()``, ``peek()`` or ``repr()`` never builds and never
 waits on the build lock, so a status page stays live during a long build.
 """
