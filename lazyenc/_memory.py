@@ -20,7 +20,6 @@ that stops every reaper thread.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import gc
 import logging
 import os
@@ -69,6 +68,8 @@ def malloc_trim() -> bool:
     if not _libc_tried:
         _libc_tried = True
         if sys.platform.startswith("linux"):
+            import ctypes
+
             try:
                 _libc = ctypes.CDLL("libc.so.6")
                 _libc.malloc_trim.argtypes = [ctypes.c_size_t]
