@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -30,15 +31,16 @@ def reaper_threads() -> list[threading.Thread]:
 
 @pytest.mark.real
 def test_real_dense_model_unloads_after_idle_timeout_and_builds_again_on_next_call() -> None:
-    """The packaged MiniLM is dropped once idle_unload_s passes, and the next call builds it again."""
+    """The packaged MiniLM is freed once idle_unload_s passes, and the next call builds it again."""
     text = (ROOT / "config.example.toml").read_text()
     text = text.replace('kind = "dense"\n', 'kind = "dense"\nidle_unload_s = 0.5\n', 1)
     with EncoderManager(parse_config(text, base_dir=str(ROOT))) as mgr:
         dense = mgr["dense"]
         assert (384,) == dense.encode("hello").shape
         assert dense.status().idle_unload_at is not None
+        model = weakref.ref(dense.peek())
         assert wait_for(lambda: dense.state == "idle")
-        assert dense.peek() is None
+        assert (None, None) == (dense.peek(), model())  # no reference left anywhere
         assert dense.status().idle_unload_at is None
         assert (384,) == dense.encode("hello again").shape
         assert "loaded" == dense.state
