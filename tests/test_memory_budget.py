@@ -144,3 +144,11 @@ def test_concurrent_builds_under_max_loaded_one_never_deadlock() -> None:
         assert "ok" in outcomes
         assert 1 >= sum(p.loaded for p in mgr.proxies())
         assert all(p.state in ("idle", "loaded") for p in mgr.proxies())
+
+
+def test_eager_warmup_respects_max_loaded() -> None:
+    """With lazy_encoders = false and max_loaded = 2, warm-up of three leaves the last two built."""
+    settings = make_settings({"a": "dense", "b": "dense", "c": "dense"}, max_loaded=2, lazy_encoders=False)
+    loader = FakeLoader()
+    with EncoderManager(settings, loaders={"dense": loader}) as mgr:
+        assert (["idle", "loaded", "loaded"], 3) == ([mgr[n].state for n in "abc"], loader.builds)
