@@ -147,6 +147,10 @@ class EncoderManager:
             proxy.close()
         self._lifecycle.close()
 
+    def memory(self) -> dict[str, Any]:
+        """The memory budget and the estimated cost of what is loaded (see docs/memory.md)."""
+        return self._lifecycle.snapshot()
+
     @property
     def closed(self) -> bool:
         """Whether close() ran."""

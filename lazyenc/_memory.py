@@ -162,6 +162,17 @@ class Lifecycle:
         mb = self.hardware.memory_budget_mb
         return None if mb is None else int(mb * 2**20)
 
+    def snapshot(self) -> dict[str, Any]:
+        """The budget and what the loaded encoders are estimated to hold; never waits."""
+        loaded = [p for p in list(self._proxies) if p.loaded]
+        return {
+            "max_loaded": self.hardware.max_loaded,
+            "memory_budget_bytes": self.budget_bytes,
+            "loaded": sorted(p.name for p in loaded),
+            "estimated_bytes": sum(p._estimated_bytes() for p in loaded),
+            "reaper_running": self._thread is not None,
+        }
+
     # -- idle reaper ---------------------------------------------------------------
     def wake(self) -> None:
         """A deadline changed: make the reaper look again (start it if needed)."""

@@ -152,3 +152,19 @@ def test_eager_warmup_respects_max_loaded() -> None:
     loader = FakeLoader()
     with EncoderManager(settings, loaders={"dense": loader}) as mgr:
         assert (["idle", "loaded", "loaded"], 3) == ([mgr[n].state for n in "abc"], loader.builds)
+
+
+def test_manager_memory_reports_budget_and_estimates_without_loading() -> None:
+    """mgr.memory() shows the budget, what is loaded and its estimated cost."""
+    settings = make_settings({"a": "dense", "b": "dense"}, max_loaded=2, memory_budget_mb=5)
+    with EncoderManager(settings, loaders={"dense": FakeLoader(weight_bytes=MIB)}) as mgr:
+        assert {
+            "max_loaded": 2,
+            "memory_budget_bytes": 5 * MIB,
+            "loaded": [],
+            "estimated_bytes": 0,
+            "reaper_running": False,
+        } == mgr.memory()
+        mgr["b"].encode(["x"])
+        assert (["b"], "idle") == (mgr.memory()["loaded"], mgr["a"].state)
+        assert mgr.memory()["estimated_bytes"] > 0
