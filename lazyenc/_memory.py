@@ -245,7 +245,15 @@ class Lifecycle:
                     if not over_count and not over_bytes:
                         self._admitted.add(proxy)
                         return
-                    victims = sorted((p for p in held if p.loaded), key=lambda p: p._touched)
+                    victims = sorted(
+                        (p for p in held if p.loaded and not p._in_flight), key=lambda p: p._touched
+                    )
+                    # Evict nothing when even evicting every idle encoder would not make room.
+                    rest = [p for p in held if p not in victims]
+                    if (max_loaded is not None and len(rest) + 1 > max_loaded) or (
+                        budget is not None and sum(p._estimated_bytes() for p in rest) + need > budget
+                    ):
+                        raise self._budget_error(proxy, need, rest)
                     for victim in victims:
                         was_cuda = victim._uses_cuda()
                         if victim._try_evict():
@@ -253,15 +261,13 @@ class Lifecycle:
                             cuda = cuda or was_cuda
                             break
                     else:
-                        raise self._budget_error(proxy, need, held, used)
+                        raise self._budget_error(proxy, need, held)
         finally:
             if evicted:
                 log.info("evicted %s to make room for %s", ", ".join(evicted), proxy.name)
                 release_memory(cuda=cuda)
 
-    def _budget_error(
-        self, proxy: EncoderProxy, need: int, held: list[EncoderProxy], used: int
-    ) -> MemoryBudgetError:
+    def _budget_error(self, proxy: EncoderProxy, need: int, held: list[EncoderProxy]) -> MemoryBudgetError:
         parts = []
         if self.hardware.max_loaded is not None:
             parts.append(f"max_loaded = {self.hardware.max_loaded}")
@@ -271,7 +277,7 @@ class Lifecycle:
             f"{p.name} ({p.state}, {p._in_flight} in flight, ~{p._estimated_bytes() / 2**20:.0f} MiB)"
             for p in held
         )
-        detail = f"held by encoders in use: {in_use}" if held else "nothing else is loaded"
+        detail = f"held by encoders in use: {in_use}" if held else "nothing else is in use"
         return MemoryBudgetError(proxy.name, needed_bytes=need, budget=" and ".join(parts), detail=detail)
 
     def build_done(self, proxy: EncoderProxy) -> None:

@@ -168,3 +168,14 @@ def test_manager_memory_reports_budget_and_estimates_without_loading() -> None:
         mgr["b"].encode(["x"])
         assert (["b"], "idle") == (mgr.memory()["loaded"], mgr["a"].state)
         assert mgr.memory()["estimated_bytes"] > 0
+
+
+def test_nothing_is_evicted_when_the_build_could_not_fit_anyway() -> None:
+    """A build bigger than the whole budget raises without unloading the idle encoders."""
+    settings = make_settings({"small": "dense", "huge": "rerank"}, memory_budget_mb=5)
+    loaders = {"dense": FakeLoader(weight_bytes=MIB), "rerank": FakeLoader(weight_bytes=50 * MIB)}
+    with EncoderManager(settings, loaders=loaders) as mgr:
+        mgr["small"].encode(["x"])
+        with pytest.raises(MemoryBudgetError, match="nothing else is in use"):
+            mgr["huge"].predict([("q", "d")])
+        assert ("loaded", "idle") == (mgr["small"].state, mgr["huge"].state)
