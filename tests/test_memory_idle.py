@@ -134,3 +134,33 @@ def test_reaper_thread_exits_when_nothing_is_pending() -> None:
         assert 1 == len(set(reaper_threads()) - before)
         assert wait_for(lambda: mgr["a"].state == mgr["b"].state == "idle")
         assert wait_for(lambda: set(reaper_threads()) == before)
+
+
+def test_calls_racing_a_tiny_idle_timeout_all_get_results() -> None:
+    """With idle_unload_s = 1 ms, 8 threads x 50 calls all succeed while the reaper unloads between them."""
+    loader = FakeLoader()
+    results: list[object] = []
+    lock = threading.Lock()
+    with EncoderManager(make_settings({"a": "dense"}, idle_unload_s=0.001), loaders={"dense": loader}) as mgr:
+
+        def work() -> None:
+            for i in range(50):
+                try:
+                    value: object = mgr["a"].encode([f"text {i}"])
+                except Exception as exc:
+                    value = exc
+                with lock:
+                    results.append(value)
+                if i % 5 == 0:
+                    time.sleep(0.005)  # let the timer expire now and then
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert [] == [r for r in results if isinstance(r, Exception)]
+        assert 400 == len(results)
+        assert loader.builds > 1  # the reaper did unload between calls
+        assert wait_for(lambda: mgr["a"].state == "idle")
+        assert 0 == mgr["a"].status().in_flight
