@@ -12,6 +12,7 @@ from ._config import Settings, load_config
 from ._exceptions import LazyEncError, UnknownEncoderError
 from ._loaders import Loader, default_loader
 from ._log import log
+from ._memory import Lifecycle
 from ._proxy import ComponentStatus, EncoderProxy, proxy_class
 
 __all__ = ["EncoderManager"]
@@ -36,11 +37,13 @@ class EncoderManager:
         self.eager_warmup_done = settings.hardware.lazy_encoders
         environ = os.environ if environ is None else environ
         loaders = loaders or {}
+        # Shared by the proxies: the idle-unload reaper and the memory budget.
+        self._lifecycle = Lifecycle(settings.hardware)
         self._proxies: dict[str, EncoderProxy] = {}
         for enc in settings.encoders:
             loader = loaders.get(enc.name) or loaders.get(enc.kind) or default_loader(enc.kind)
             self._proxies[enc.name] = proxy_class(enc.kind)(
-                enc, loader=loader, hardware=settings.hardware, environ=environ
+                enc, loader=loader, hardware=settings.hardware, environ=environ, lifecycle=self._lifecycle
             )
         if not settings.hardware.lazy_encoders:
             self._eager_warmup()
@@ -140,6 +143,11 @@ class EncoderManager:
         self._closed = True
         for proxy in self._proxies.values():
             proxy.close()
+        self._lifecycle.close()
+
+    def memory(self) -> dict[str, Any]:
+        """The memory budget and the estimated cost of what is loaded (see docs/memory.md)."""
+        return self._lifecycle.snapshot()
 
     @property
     def closed(self) -> bool:

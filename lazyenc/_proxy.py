@@ -6,6 +6,12 @@ State machine::
     idle ──first call──> loading ──ok──> loaded ──unload()──> idle
                               └──error──> disabled ──reset()──> idle
 
+    loaded ──idle_unload_s passed, or evicted for the budget──> idle
+    disabled ──retry_after_s passed: the next call builds once──> loading
+
+The memory lifecycle (idle timer, budget, fork hook) lives in ``_memory.py``;
+the proxy only exposes small hooks to it (``_begin_call``/``_end_call`` ...).
+
 Reading ``state``, ``status()``, ``peek()`` or ``repr()`` never builds and never
 waits on the build lock, so a status page stays live during a long build.
 """
@@ -13,7 +19,6 @@ waits on the build lock, so a status page stays live during a long build.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 import threading
 import time
@@ -25,6 +30,7 @@ from ._config import EncoderSettings, HardwareSettings
 from ._exceptions import EncoderClosedError, EncoderLoadError, EncoderUnavailableError
 from ._loaders import Loader, resolve_device
 from ._log import log
+from ._memory import Lifecycle, orphan_after_fork, pin_mismatch, release_memory
 from ._probe import Probe
 from ._process import rss_bytes
 
@@ -67,6 +73,9 @@ class ComponentStatus:
     errors: int
     loading_for_s: float | None = None
     rss_delta_bytes: int | None = None
+    idle_unload_at: float | None = None
+    in_flight: int = 0
+    retry_at: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -105,6 +114,7 @@ class EncoderProxy:
         loader: Loader,
         hardware: HardwareSettings | None = None,
         environ: Mapping[str, str] | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.settings = settings
         self._loader = loader
@@ -127,6 +137,15 @@ class EncoderProxy:
         self._probe = Probe(False, "not probed")
         self._state: State = "unavailable"
         self._reason = ""
+        # Memory lifecycle (lazyenc._memory): in-flight calls, idle deadline, LRU stamp.
+        self._counter_lock = threading.Lock()
+        self._in_flight = 0
+        self._idle_deadline: float | None = None
+        self._touched = 0.0
+        self._failed_mono: float | None = None
+        self._owns_lifecycle = lifecycle is None
+        self._lifecycle = lifecycle or Lifecycle(self._hardware, name=f"lazyenc-{settings.name}")
+        self._lifecycle.register(self)
         self._apply_probe(loader.probe(settings, self._environ))
 
     # -- non-forcing views -------------------------------------------------
@@ -182,6 +201,9 @@ class EncoderProxy:
             errors=self._errors,
             loading_for_s=None if since is None else round(time.monotonic() - since, 3),
             rss_delta_bytes=self._rss_delta,
+            idle_unload_at=_wall(self._idle_deadline),
+            in_flight=self._in_flight,
+            retry_at=_wall(self._retry_deadline()),
         )
 
     def __repr__(self) -> str:
@@ -199,14 +221,12 @@ class EncoderProxy:
         return model if model is not None else self._build()
 
     def unload(self) -> bool:
-        """Drop the model; True if one was loaded. Waits for an in-flight call."""
-        with self._build_lock, self._call_lock:
+        """Drop the model and give its memory back; True if one was loaded. Waits for an in-flight call."""
+        with self._build_lock, self._call_lock, self._counter_lock:
             if self._model is None:
                 return False
-            self._model = None
-            self._state = "idle"
-            self._device = None
-        gc.collect()
+            cuda = self._drop_model()
+        release_memory(cuda=cuda)
         log.info("unloaded %s", self.name)
         return True
 
@@ -222,6 +242,10 @@ class EncoderProxy:
         """Unload and refuse later calls."""
         self._closed = True
         self.unload()
+        if self._owns_lifecycle:
+            self._lifecycle.close()
+        else:
+            self._stop_threads()
 
     def _apply_probe(self, probe: Probe) -> None:
         self._probe = probe
@@ -234,7 +258,10 @@ class EncoderProxy:
         if self._state == "unavailable":
             raise EncoderUnavailableError(self.name, self._reason)
         if self._state == "disabled":
-            raise EncoderLoadError(self.name, self._reason) from self._failure
+            deadline = self._retry_deadline()
+            # retry_after_s: once due, the caller that wins the build lock builds again.
+            if deadline is None or time.monotonic() < deadline:
+                raise EncoderLoadError(self.name, self._reason) from self._failure
 
     def _build(self) -> Any:
         self._check_usable()
@@ -243,31 +270,176 @@ class EncoderProxy:
             if self._model is not None:
                 return self._model
             self._check_usable()
+            if self._state == "disabled":
+                log.info("retrying the build of %s after retry_after_s", self.name)
+            pinned = pin_mismatch(self.settings.expect, probe=self._probe)
+            if pinned:
+                raise self._disable(pinned, None)
+            previous = self._state
             self._state = "loading"
             self._loading_since = time.monotonic()
-            rss_before = rss_bytes()
-            started = time.perf_counter()
             try:
-                device = resolve_device(self.settings.device or self._hardware.device, kind=self.kind)
-                model = self._loader.build(self.settings, device=device, probe=self._probe)
-            except Exception as exc:
-                self._failure = exc
-                self._reason = f"{type(exc).__name__}: {exc}"
-                self._state = "disabled"
+                self._lifecycle.admit(self, self._estimated_bytes())
+            except BaseException:
+                self._state = previous  # over budget: not a failure of the encoder
                 self._loading_since = None
-                log.warning("building %s failed: %s", self.name, self._reason)
-                raise EncoderLoadError(self.name, self._reason) from exc
-            self._load_seconds = round(time.perf_counter() - started, 4)
-            rss_after = rss_bytes()
-            if rss_before is not None and rss_after is not None:
-                self._rss_delta = rss_after - rss_before
-            self._device = device
-            self._loaded_at = time.time()
-            self._model = model
-            self._state = "loaded"
-            self._loading_since = None
-            log.info("built %s (%s) on %s in %.2f s", self.name, self.kind, device, self._load_seconds)
+                raise
+            try:
+                model = self._build_admitted()
+            finally:
+                self._lifecycle.build_done(self)
+            if self._in_flight == 0:
+                self._schedule_idle()
             return model
+
+    def _build_admitted(self) -> Any:
+        # Under the build lock, with room made by the lifecycle.
+        rss_before = rss_bytes()
+        started = time.perf_counter()
+        try:
+            device = resolve_device(self.settings.device or self._hardware.device, kind=self.kind)
+            model = self._loader.build(self.settings, device=device, probe=self._probe)
+        except Exception as exc:
+            raise self._disable(f"{type(exc).__name__}: {exc}", exc) from exc
+        pinned = pin_mismatch(self.settings.expect, probe=self._probe, model=model)
+        if pinned:
+            del model
+            release_memory(cuda=device.startswith("cuda"))
+            raise self._disable(pinned, None)
+        self._load_seconds = round(time.perf_counter() - started, 4)
+        rss_after = rss_bytes()
+        if rss_before is not None and rss_after is not None:
+            self._rss_delta = rss_after - rss_before
+        self._device = device
+        self._loaded_at = time.time()
+        self._touched = time.monotonic()
+        self._model = model
+        self._state = "loaded"
+        self._loading_since = None
+        log.info("built %s (%s) on %s in %.2f s", self.name, self.kind, device, self._load_seconds)
+        return model
+
+    def _disable(self, reason: str, exc: BaseException | None) -> EncoderLoadError:
+        """Mark a failed build; returns the error to raise."""
+        self._failure = exc
+        self._reason = reason
+        self._state = "disabled"
+        self._failed_mono = time.monotonic()
+        self._loading_since = None
+        log.warning("building %s failed: %s", self.name, reason)
+        return EncoderLoadError(self.name, reason)
+
+    # -- memory lifecycle hooks (lazyenc._memory) -------------------------------------
+    def _begin_call(self) -> None:
+        """A call (direct or batched) starts: the idle timer stops until the last one ends."""
+        with self._counter_lock:
+            self._in_flight += 1
+            self._idle_deadline = None
+
+    def _end_call(self) -> None:
+        """A call ends: the last one out starts the idle timer."""
+        with self._counter_lock:
+            self._in_flight -= 1
+            self._touched = time.monotonic()
+            if self._in_flight:
+                return
+        self._schedule_idle()
+
+    def _idle_unload_s(self) -> float:
+        value = self.settings.idle_unload_s
+        return self._hardware.idle_unload_s if value is None else value
+
+    def _schedule_idle(self) -> None:
+        idle_s = self._idle_unload_s()
+        if not idle_s or self._closed:
+            return
+        with self._counter_lock:
+            if self._in_flight or self._model is None:
+                return
+            self._idle_deadline = time.monotonic() + idle_s
+        self._lifecycle.wake()
+
+    def _idle_unload(self) -> None:
+        """Called by the reaper once the deadline passed; a call or a build in progress wins."""
+        if not self._build_lock.acquire(blocking=False):
+            # Only unload/reset/eviction hold the lock of a loaded model, and they drop it.
+            self._idle_deadline = None
+            return
+        try:
+            with self._counter_lock:
+                deadline = self._idle_deadline
+                if deadline is None or deadline > time.monotonic():
+                    return
+                self._idle_deadline = None
+                if self._in_flight or self._model is None:
+                    return
+                cuda = self._drop_model()
+        finally:
+            self._build_lock.release()
+        release_memory(cuda=cuda)
+        log.info("unloaded %s after %g s idle", self.name, self._idle_unload_s())
+
+    def _try_evict(self) -> bool:
+        """Unload for the budget if nothing uses the model; never waits. Caller releases memory."""
+        if not self._build_lock.acquire(blocking=False):
+            return False
+        try:
+            with self._counter_lock:
+                if self._in_flight or self._model is None:
+                    return False
+                self._drop_model()
+        finally:
+            self._build_lock.release()
+        return True
+
+    def _drop_model(self) -> bool:
+        """Forget the model (caller holds the counter lock); True when it was on CUDA."""
+        cuda = self._uses_cuda()
+        self._model = None
+        self._state = "idle"
+        self._device = None
+        self._idle_deadline = None
+        return cuda
+
+    def _uses_cuda(self) -> bool:
+        return (self._device or "").startswith("cuda")
+
+    def _estimated_bytes(self) -> int:
+        """What a build of this encoder costs: the RSS its last build took, else its weights on disk."""
+        if self._rss_delta is not None and self._rss_delta > 0:
+            return self._rss_delta
+        return self._probe.weight_bytes or 0
+
+    def _retry_deadline(self) -> float | None:
+        after = self.settings.retry_after_s
+        if self._state != "disabled" or after is None or self._failed_mono is None:
+            return None
+        return self._failed_mono + after
+
+    def _stop_threads(self) -> None:
+        """Stop this encoder's own threads (none yet; batching adds a worker)."""
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: no model from the parent, fresh locks, no threads.
+
+        unavailable and disabled stay as they are: the child's probe and build
+        would find the same files and the same failure (retry_after_s and
+        reset() still apply).
+        """
+        model = self._model
+        if model is not None and self._uses_cuda():
+            orphan_after_fork(model)  # its destructor would touch the parent's CUDA context
+        del model
+        self._build_lock = threading.Lock()
+        self._call_lock = threading.Lock()
+        self._counter_lock = threading.Lock()
+        self._model = None
+        self._device = None
+        self._in_flight = 0
+        self._idle_deadline = None
+        self._loading_since = None
+        if self._state in ("loading", "loaded"):
+            self._state = "idle"
 
     # -- calls ----------------------------------------------------------------
     def _call(self, method: str | Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -275,19 +447,28 @@ class EncoderProxy:
 
         The model's own errors pass unchanged.
         """
-        model = self._model
-        if model is None:
-            model = self._build()
-        fn = getattr(model, method) if isinstance(method, str) else partial(method, model)
-        with self._call_lock:
-            self._calls += 1
-            try:
-                return fn(*args, **kwargs)
-            except BaseException:
-                self._errors += 1
-                raise
-            finally:
-                self._last_used_at = time.time()
+        self._begin_call()
+        try:
+            model = self._model
+            if model is None:
+                model = self._build()
+            fn = getattr(model, method) if isinstance(method, str) else partial(method, model)
+            with self._call_lock:
+                self._calls += 1
+                try:
+                    return fn(*args, **kwargs)
+                except BaseException:
+                    self._errors += 1
+                    raise
+                finally:
+                    self._last_used_at = time.time()
+        finally:
+            self._end_call()
+
+
+def _wall(deadline: float | None) -> float | None:
+    """A time.monotonic() deadline as epoch seconds."""
+    return None if deadline is None else round(time.time() + (deadline - time.monotonic()), 3)
 
 
 def _rebuild(

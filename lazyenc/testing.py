@@ -69,6 +69,10 @@ class FakeModel:
     encode_query = encode
     encode_document = encode
 
+    def get_embedding_dimension(self) -> int:
+        """The vector size, as SentenceTransformer reports it (identity pins read it)."""
+        return self.dimension
+
     def decode(self, embedding: Any, top_k: int | None = None) -> list[tuple[str, float]]:
         """(dimension index as text, weight) for non-zero weights, heaviest first."""
         self._enter()

@@ -437,7 +437,7 @@ def test_page_without_refresh_when_refresh_s_is_zero() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _StatusWithMore(ComponentStatus):
-    idle_unload_at: float | None = None
+    future_field: float | None = None
 
 
 def test_fields_other_issues_add_to_componentstatus_show_up_generically(
@@ -448,14 +448,14 @@ def test_fields_other_issues_add_to_componentstatus_show_up_generically(
     proxy = mgr["dense"]
     original = proxy.status
     monkeypatch.setattr(
-        proxy, "status", lambda: _StatusWithMore(**dataclasses.asdict(original()), idle_unload_at=12.5)
+        proxy, "status", lambda: _StatusWithMore(**dataclasses.asdict(original()), future_field=12.5)
     )
     with TestClient(create_app(mgr, environ=ENVIRON)) as client:
         doc = client.get("/admin/components").json()
         page = client.get("/admin").text
-    assert 12.5 == doc["components"][0]["idle_unload_at"]
-    assert '<th scope="col">idle_unload_at</th>' in page
-    assert '<td class="extra extra-idle_unload_at">12.5</td>' in page
+    assert 12.5 == doc["components"][0]["future_field"]
+    assert '<th scope="col">future_field</th>' in page
+    assert '<td class="extra extra-future_field">12.5</td>' in page
 
 
 # -- process facts ------------------------------------------------------------------------------
