@@ -1,4 +1,4 @@
-"""The ``lazyenc`` command: status, warmup, encode, demo.
+"""The ``lazyenc`` command: status, warmup, encode, demo, serve.
 
 Every error is one line on stderr and a non-zero exit: 2 for bad usage or
 configuration, 1 for an encoder that cannot serve.
@@ -165,6 +165,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import serve
+
+    path = args.config or os.environ.get("LAZYENC_CONFIG") or DEFAULT_CONFIG
+    if not os.path.exists(path):
+        raise ConfigError("file not found (pass --config FILE or set LAZYENC_CONFIG)", source=path)
+    return serve(path, host=args.host, port=args.port, insecure=args.insecure)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(prog="lazyenc", description="Lazily loaded ML encoders.")
@@ -188,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", parents=[common], help="status, one dense call, status again")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("serve", parents=[common], help="serve the encoders over HTTP (OpenAI-compatible)")
+    p.add_argument("--host", help="interface to bind (default: [server] host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: [server] port, 8700)")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback host without API keys")
+    p.set_defaults(func=cmd_serve)
     return parser
 
 
