@@ -18,13 +18,12 @@ answered request) raises EncoderUnavailableError.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._config import EncoderSettings, HardwareSettings
 from ._exceptions import (
@@ -37,6 +36,9 @@ from ._exceptions import (
 from ._loaders import Loader
 from ._probe import Probe, find_library
 from ._proxy import ComponentStatus, EncoderProxy, State
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["RemoteLoader", "RemoteProxy"]
 
@@ -299,6 +301,8 @@ class RemoteProxy(EncoderProxy):
             return self._client
 
     def _async_client(self) -> Any:
+        import asyncio
+
         import httpx
 
         loop = asyncio.get_running_loop()
@@ -329,6 +333,8 @@ class RemoteProxy(EncoderProxy):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _apost(self, path: str, payload: dict[str, Any]) -> Any:
+        import asyncio
+
         import httpx
 
         client = self._async_client()
@@ -505,6 +511,8 @@ class RemoteProxy(EncoderProxy):
 
     async def apredict(self, sentences: Any, **kwargs: Any) -> Any:
         """predict, awaitable; the per-query requests run concurrently."""
+        import asyncio
+
         _check_kwargs(kwargs, "predict")
         pairs, single = _pairs(sentences)
         groups = _group_by_query(pairs)
