@@ -65,7 +65,7 @@ class RemoteLoader:
         return "RemoteLoader()"
 
     def probe(self, settings: EncoderSettings, environ: Mapping[str, str]) -> Probe:
-        missing = find_library("httpx", "remote", "httpx")
+        missing = find_library("httpx", "remote", "httpx") or find_library("numpy", "remote", "numpy")
         if missing:
             return Probe(False, missing)
         if settings.api_key_env and not environ.get(settings.api_key_env, "").strip():

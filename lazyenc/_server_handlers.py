@@ -29,7 +29,7 @@ from ._exceptions import (
 )
 from ._manager import EncoderManager
 
-__all__ = ["ApiError", "Context", "embeddings", "models", "rerank", "sparse"]
+__all__ = ["ApiError", "Context", "embeddings", "model", "models", "rerank", "sparse"]
 
 log = logging.getLogger("lazyenc.server")
 
@@ -275,23 +275,35 @@ async def models(request: Any, ctx: Context) -> Any:
     from starlette.concurrency import run_in_threadpool
 
     statuses = await run_in_threadpool(ctx.manager.status)  # a remote proxy's status may ask its server
-    data = [
-        {
-            "id": s.name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "lazyenc",
-            "kind": s.kind,
-            "state": s.state,
-            "reason": s.reason,
-            "loaded": s.loaded,
-            "dimension": s.dimension,
-            "max_seq_length": s.max_seq_length,
-            "device": s.device,
-        }
-        for s in statuses
-    ]
-    return json_response({"object": "list", "data": data})
+    return json_response({"object": "list", "data": [_model_entry(s) for s in statuses]})
+
+
+async def model(request: Any, ctx: Context) -> Any:
+    """GET /v1/models/{model}: one encoder, as in the list."""
+    from starlette.concurrency import run_in_threadpool
+
+    name = request.path_params["model"]
+    try:
+        proxy = ctx.manager[name]
+    except UnknownEncoderError as exc:
+        raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+    return json_response(_model_entry(await run_in_threadpool(proxy.status)))
+
+
+def _model_entry(s: Any) -> dict[str, Any]:
+    return {
+        "id": s.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "lazyenc",
+        "kind": s.kind,
+        "state": s.state,
+        "reason": s.reason,
+        "loaded": s.loaded,
+        "dimension": s.dimension,
+        "max_seq_length": s.max_seq_length,
+        "device": s.device,
+    }
 
 
 async def embeddings(request: Any, ctx: Context) -> Any:

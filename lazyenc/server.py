@@ -112,6 +112,7 @@ def create_app(
 
     routes = [
         Route("/v1/models", endpoint(handlers.models), methods=["GET"]),
+        Route("/v1/models/{model:path}", endpoint(handlers.model), methods=["GET"]),
         Route("/v1/embeddings", endpoint(handlers.embeddings), methods=["POST"]),
         Route("/v1/rerank", endpoint(handlers.rerank), methods=["POST"]),
         Route("/v1/sparse", endpoint(handlers.sparse), methods=["POST"]),

@@ -115,6 +115,14 @@ def test_models_lists_every_encoder_with_kind_and_state_before_anything_loads(se
     } == data
 
 
+def test_the_openai_client_lists_and_retrieves_models(oai: openai.OpenAI) -> None:
+    """models.list() and models.retrieve() parse the answers; unknown names are 404s."""
+    assert ["dense", "rerank", "sparse", "missing", "broken"] == [m.id for m in oai.models.list()]
+    assert "sparse" == oai.models.retrieve("sparse").kind  # type: ignore[attr-defined]
+    with pytest.raises(openai.NotFoundError):
+        oai.models.retrieve("nope")
+
+
 # -- embeddings through the official openai client ----------------------------------
 def test_openai_float_embeddings_equal_local_sentence_transformer(
     oai: openai.OpenAI, local_dense: Any
