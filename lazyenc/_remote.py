@@ -107,6 +107,7 @@ class RemoteProxy(EncoderProxy):
         self._info_at = 0.0
         self._info_lock = threading.Lock()
         self._remote_kind: str | None = None
+        self._count_lock = threading.Lock()
 
     # -- views (no model here; state mirrors the server) ------------------------------------
     @property
@@ -226,23 +227,40 @@ class RemoteProxy(EncoderProxy):
         finally:
             self._info_lock.release()
 
-    def _fetch_info(self, *, timeout: float) -> _Info:
+    def _fetch_info(self, *, timeout: float, retry: bool = False) -> _Info:
         import httpx
 
-        try:
-            response = self._sync_client().get("/v1/models", timeout=timeout)
-        except httpx.HTTPError as exc:
-            return _Info("unavailable", self._unreachable_reason(exc))
-        return self._info_from(response)
+        delays = _RETRY_DELAYS_S if retry else ()
+        for attempt in range(len(delays) + 1):
+            try:
+                response = self._sync_client().get("/v1/models", timeout=timeout)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if attempt < len(delays):
+                    time.sleep(delays[attempt])
+                    continue
+                return _Info("unavailable", self._unreachable_reason(exc))
+            except httpx.HTTPError as exc:
+                return _Info("unavailable", self._unreachable_reason(exc))
+            return self._info_from(response)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _afetch_info(self) -> _Info:
+        import asyncio
+
         import httpx
 
-        try:
-            response = await self._async_client().get("/v1/models")
-        except httpx.HTTPError as exc:
-            return _Info("unavailable", self._unreachable_reason(exc))
-        return self._info_from(response)
+        for attempt in range(len(_RETRY_DELAYS_S) + 1):
+            try:
+                response = await self._async_client().get("/v1/models")
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if attempt < len(_RETRY_DELAYS_S):
+                    await asyncio.sleep(_RETRY_DELAYS_S[attempt])
+                    continue
+                return _Info("unavailable", self._unreachable_reason(exc))
+            except httpx.HTTPError as exc:
+                return _Info("unavailable", self._unreachable_reason(exc))
+            return self._info_from(response)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _info_from(self, response: Any) -> _Info:
         if response.status_code != 200:
@@ -270,7 +288,7 @@ class RemoteProxy(EncoderProxy):
     def _kind(self) -> str:
         self._check_usable()
         if self._remote_kind is None:
-            info = self._fetch_info(timeout=self.settings.timeout_s)
+            info = self._fetch_info(timeout=self.settings.timeout_s, retry=True)
             if info.kind is None:
                 raise EncoderUnavailableError(self.name, info.reason)
         return self._remote_kind or ""
@@ -533,12 +551,14 @@ class _Counter:
         self.proxy = proxy
 
     def __enter__(self) -> None:
-        self.proxy._calls += 1
+        with self.proxy._count_lock:
+            self.proxy._calls += 1
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is not None:
-            self.proxy._errors += 1
-        self.proxy._last_used_at = time.time()
+        with self.proxy._count_lock:
+            if exc_type is not None:
+                self.proxy._errors += 1
+            self.proxy._last_used_at = time.time()
 
 
 # -- wire helpers -----------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 import time
 from typing import Any
@@ -275,3 +276,22 @@ def test_a_remote_proxy_refuses_options_it_cannot_send(fake_server: ThreadServer
         proxy.encode("x", prompt_name="query")
     assert (8,) == proxy.encode("x", batch_size=4, show_progress_bar=False).shape
     proxy.close()
+
+
+def test_serve_mounts_the_admin_panels_routes_when_lazyenc_admin_exists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`lazyenc serve` asks lazyenc.admin.routes(manager) for the panel's routes when that module exists."""
+    import types
+
+    from lazyenc.server import _admin_routes
+
+    async def panel(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("panel")
+
+    admin = types.ModuleType("lazyenc.admin")
+    admin.routes = lambda manager: [Route("/admin", panel)]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lazyenc.admin", admin)
+    mgr = manager_with({"dense": FakeModel()})
+    with TestClient(create_app(mgr, extra_routes=_admin_routes(mgr))) as client:
+        assert "panel" == client.get("/admin").text
