@@ -2,13 +2,16 @@
 
 Every failure leaves as an :class:`ApiError`, rendered in the OpenAI shape
 ``{"error": {"message", "type", "param", "code"}}``. Calls into proxies run in a
-worker thread (``run_in_threadpool``) so a long encode never blocks the event loop.
+worker thread (``run_in_threadpool``) so a long encode never blocks the event loop;
+a proxy that offers an awaitable variant (``aencode``, ``arank``: the batching
+proxies) is awaited instead.
 """
 
 from __future__ import annotations
 
 import base64
 import hmac
+import inspect
 import json
 import logging
 import math
@@ -29,7 +32,7 @@ from ._exceptions import (
 )
 from ._manager import EncoderManager
 
-__all__ = ["ApiError", "Context", "embeddings", "model", "models", "rerank", "sparse"]
+__all__ = ["ApiError", "Context", "call", "embeddings", "method", "model", "models", "rerank", "sparse"]
 
 log = logging.getLogger("lazyenc.server")
 
@@ -218,11 +221,22 @@ def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
 
 
 # -- calling proxies -------------------------------------------------------------------
+def method(proxy: Any, name: str) -> Callable[..., Any]:
+    """The proxy's awaitable ``a<name>`` when it has one (batching proxies do), else ``<name>``."""
+    async_fn = getattr(proxy, f"a{name}", None)
+    return async_fn if inspect.iscoroutinefunction(async_fn) else getattr(proxy, name)
+
+
 async def call(proxy: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run ``fn`` in a worker thread; turn lazyenc errors into answers and model errors into 500s."""
+    """Await ``fn`` if it is async, else run it in a worker thread; map errors to answers.
+
+    lazyenc errors become 429/503/...; the model's own errors become 500s carrying their message.
+    """
     from starlette.concurrency import run_in_threadpool
 
     try:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args, **kwargs)
         return await run_in_threadpool(fn, *args, **kwargs)
     except OverloadedError as exc:
         retry = proxy.settings.retry_after_s or _DEFAULT_RETRY_AFTER_S
@@ -313,7 +327,7 @@ async def embeddings(request: Any, ctx: Context) -> Any:
     body = await read_json(request, max_bytes=ctx.settings.max_body_bytes)
     proxy = _proxy(ctx, body, kinds=("dense",), endpoint="/v1/embeddings")
     texts, _ = _texts(ctx, body.get("input"))
-    method = _input_type(body)
+    encode = _input_type(body)
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
         raise ApiError(
@@ -324,7 +338,7 @@ async def embeddings(request: Any, ctx: Context) -> Any:
     if dimensions is not None and known is not None and dimensions > known:
         raise _too_many_dimensions(proxy.name, dimensions, known)
 
-    result = await call(proxy, getattr(proxy, method), texts)
+    result = await call(proxy, method(proxy, encode), texts)
     vectors = np.asarray(result, dtype=np.float32)
     if vectors.ndim != 2 or len(vectors) != len(texts):
         raise ApiError(
@@ -402,7 +416,7 @@ async def rerank(request: Any, ctx: Context) -> Any:
     top_n = _optional_int(body, "top_n")
     return_documents = _bool(body, "return_documents", False)
 
-    ranked = await call(proxy, proxy.rank, query, docs, top_k=top_n, return_documents=False)
+    ranked = await call(proxy, method(proxy, "rank"), query, docs, top_k=top_n, return_documents=False)
     tokens = await count_tokens(proxy, [query] * len(docs), docs)
     results = []
     for r in ranked:
@@ -419,10 +433,10 @@ async def sparse(request: Any, ctx: Context) -> Any:
     body = await read_json(request, max_bytes=ctx.settings.max_body_bytes)
     proxy = _proxy(ctx, body, kinds=("sparse",), endpoint="/v1/sparse")
     texts, _ = _texts(ctx, body.get("input"))
-    method = _input_type(body)
+    encode = _input_type(body)
     return_tokens = _bool(body, "return_tokens", False)
 
-    result = await call(proxy, getattr(proxy, method), texts)
+    result = await call(proxy, method(proxy, encode), texts)
     rows = sparse_rows(result)
     if len(rows) != len(texts):
         raise ApiError(

@@ -163,6 +163,8 @@ def serve(
         raise ConfigError("server mode needs uvicorn and starlette: pip install 'lazyenc[server]'") from None
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
+    if not keys and not is_loopback(host):
+        log.warning("serving on %s without API keys (--insecure): anyone who can reach it may use it", host)
     manager = EncoderManager(settings, environ=env)
     try:
         app = create_app(manager, extra_routes=_admin_routes(manager), environ=env)

@@ -295,3 +295,18 @@ def test_serve_mounts_the_admin_panels_routes_when_lazyenc_admin_exists(
     mgr = manager_with({"dense": FakeModel()})
     with TestClient(create_app(mgr, extra_routes=_admin_routes(mgr))) as client:
         assert "panel" == client.get("/admin").text
+
+
+def test_a_proxys_awaitable_variant_is_awaited_instead_of_a_thread() -> None:
+    """When a proxy offers aencode (as batching proxies do), the endpoint awaits it."""
+    mgr = manager_with({"dense": FakeModel()})
+    seen: list[list[str]] = []
+
+    async def aencode(texts: list[str], **kwargs: Any) -> list[list[float]]:
+        seen.append(texts)
+        return [[0.0, 1.0]] * len(texts)
+
+    mgr["dense"].aencode = aencode
+    with TestClient(create_app(mgr)) as client:
+        answer = client.post("/v1/embeddings", json={"model": "dense", "input": ["a", "b"]}).json()
+    assert ([["a", "b"]], [[0.0, 1.0], [0.0, 1.0]]) == (seen, [d["embedding"] for d in answer["data"]])
