@@ -209,17 +209,18 @@ def test_graceful_shutdown_finishes_the_in_flight_request_then_closes() -> None:
             )
         )
         request.start()
-        while model.calls == 0:  # the call is inside the model, held by the gate
+        give_up = time.monotonic() + 60  # a guard against hanging, not a performance limit
+        while model.calls == 0 and time.monotonic() < give_up:  # the call is in the model, held by the gate
             time.sleep(0.01)
         server.stop()
         refused = False
-        while not refused:
+        while not refused and time.monotonic() < give_up:
             try:
                 httpx.get(f"{server.url}/v1/models", timeout=1)
                 time.sleep(0.05)
             except httpx.TransportError:
                 refused = True
-        assert not mgr.closed
+        assert (1, True, False) == (model.calls, refused, mgr.closed)
         gate.set()
         request.join(timeout=60)
     assert ([200], True) == (result, mgr.closed)
