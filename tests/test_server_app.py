@@ -206,7 +206,8 @@ def test_graceful_shutdown_finishes_the_in_flight_request_then_closes() -> None:
                 httpx.post(
                     f"{server.url}/v1/embeddings", json={"model": "dense", "input": "x"}, timeout=60
                 ).status_code
-            )
+            ),
+            daemon=True,
         )
         request.start()
         give_up = time.monotonic() + 60  # a guard against hanging, not a performance limit
@@ -220,9 +221,10 @@ def test_graceful_shutdown_finishes_the_in_flight_request_then_closes() -> None:
                 time.sleep(0.05)
             except httpx.TransportError:
                 refused = True
-        assert (1, True, False) == (model.calls, refused, mgr.closed)
+        closed_while_in_flight = mgr.closed
         gate.set()
         request.join(timeout=60)
+        assert (1, True, False) == (model.calls, refused, closed_while_in_flight)
     assert ([200], True) == (result, mgr.closed)
 
 
