@@ -107,19 +107,25 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
 
 def _encode_output(proxy: Any, texts: list[str]) -> Any:
-    if proxy.kind == "dense":
+    kind = proxy.kind
+    if kind == "remote":  # answers like the server encoder's kind, learnt from its status
+        reason = proxy.status().reason
+        kind = proxy.remote_kind
+        if kind not in ("dense", "sparse", "rerank"):
+            raise LazyEncError(f"remote encoder {proxy.name!r} cannot encode here: {reason or kind}")
+    if kind == "dense":
         vectors = proxy.encode(texts)
         return [
             {"text": t, "dimension": len(v), "embedding": [round(float(x), 6) for x in v]}
             for t, v in zip(texts, vectors, strict=False)
         ]
-    if proxy.kind == "sparse":
+    if kind == "sparse":
         vectors = proxy.encode(texts)
         return [
             {"text": t, "top_tokens": [[tok, round(float(w), 4)] for tok, w in proxy.decode(v, top_k=10)]}
             for t, v in zip(texts, vectors, strict=False)
         ]
-    if proxy.kind == "rerank":
+    if kind == "rerank":
         if len(texts) < 2:
             raise LazyEncError(f"encoder {proxy.name!r} is a reranker: give a query, then documents")
         query, docs = texts[0], texts[1:]

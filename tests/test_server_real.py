@@ -387,6 +387,21 @@ def test_a_remote_proxy_never_imports_torch(server: ServerProcess) -> None:
     assert [384, False, False] == json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def test_lazyenc_encode_runs_a_remote_encoder(
+    server: ServerProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`lazyenc encode` on a remote dense encoder prints the server's 384-dimensional vector."""
+    config = tmp_path / "client.toml"
+    config.write_text(
+        f'[encoders.rdense]\nkind = "remote"\nurl = "{server.url}"\nmodel = "dense"\napi_key_env = "K"\n'
+    )
+    monkeypatch.setenv("K", KEY)
+    from lazyenc._cli import main
+
+    assert 0 == main(["encode", "--config", str(config), "rdense", "hello", "--compact"])
+    assert [384] == [row["dimension"] for row in json.loads(capsys.readouterr().out)]
+
+
 # -- load ---------------------------------------------------------------------------------------
 def test_bounded_load_from_32_clients_loses_no_request(server: ServerProcess) -> None:
     """2048 requests from 32 concurrent clients all get an answer, each a 200 or a 429."""
