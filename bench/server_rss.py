@@ -26,6 +26,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "A short sentence to embed for the latency check."
+THREADS = ""  # --threads: OMP_NUM_THREADS for every child (torch's intra-op threads)
 WARM = [f"warm-up sentence number {i} for the encoder" for i in range(32)]
 
 
@@ -51,6 +52,8 @@ def worker(config: str, calls: int) -> None:
 
 def env() -> dict[str, str]:
     e = dict(os.environ)
+    if THREADS:
+        e["OMP_NUM_THREADS"] = THREADS
     e["PYTHONPATH"] = os.pathsep.join([str(ROOT), e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     e.setdefault("HF_HUB_OFFLINE", "1")
     e.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -107,8 +110,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--calls", type=int, default=10, help="calls per latency round")
     parser.add_argument("--rounds", type=int, default=10, help="alternating latency rounds")
+    parser.add_argument("--threads", default="", help="OMP_NUM_THREADS for the children (default: torch's)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global THREADS
+    THREADS = args.threads
     if args.worker:
         worker(args.worker, args.calls)
         return
@@ -157,7 +163,8 @@ def main() -> None:
         server.wait(timeout=60)
     shared = server_rss + clients_rss
     mib = 2**20
-    print(f"workers: {args.workers}; MiniLM (all-MiniLM-L6-v2, 384 dims) on CPU")
+    threads = f"OMP_NUM_THREADS={args.threads}" if args.threads else "torch's default threads"
+    print(f"workers: {args.workers}; MiniLM (all-MiniLM-L6-v2, 384 dims) on CPU, {threads}")
     print(f"local:  {args.workers} processes each loading the model: {local_rss / mib:8.0f} MiB total")
     print(
         f"shared: 1 server {server_rss / mib:.0f} MiB + {args.workers} remote clients "
