@@ -38,6 +38,7 @@ from ._proxy import (
     SpacyProxy,
     SparseProxy,
 )
+from ._remote import RemoteProxy
 
 __version__ = "0.1.0"
 
@@ -62,6 +63,7 @@ __all__ = [
     "OverloadedError",
     "Probe",
     "RemoteError",
+    "RemoteProxy",
     "RerankProxy",
     "ServerSettings",
     "Settings",

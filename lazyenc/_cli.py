@@ -1,4 +1,4 @@
-"""The ``lazyenc`` command: status, warmup, encode, demo.
+"""The ``lazyenc`` command: status, warmup, encode, demo, serve.
 
 Every error is one line on stderr and a non-zero exit: 2 for bad usage or
 configuration, 1 for an encoder that cannot serve.
@@ -109,19 +109,25 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
 
 def _encode_output(proxy: Any, texts: list[str]) -> Any:
-    if proxy.kind == "dense":
+    kind = proxy.kind
+    if kind == "remote":  # answers like the server encoder's kind, learnt from its status
+        reason = proxy.status().reason
+        kind = proxy.remote_kind
+        if kind not in ("dense", "sparse", "rerank"):
+            raise LazyEncError(f"remote encoder {proxy.name!r} cannot encode here: {reason or kind}")
+    if kind == "dense":
         vectors = proxy.encode(texts)
         return [
             {"text": t, "dimension": len(v), "embedding": [round(float(x), 6) for x in v]}
             for t, v in zip(texts, vectors, strict=False)
         ]
-    if proxy.kind == "sparse":
+    if kind == "sparse":
         vectors = proxy.encode(texts)
         return [
             {"text": t, "top_tokens": [[tok, round(float(w), 4)] for tok, w in proxy.decode(v, top_k=10)]}
             for t, v in zip(texts, vectors, strict=False)
         ]
-    if proxy.kind == "rerank":
+    if kind == "rerank":
         if len(texts) < 2:
             raise LazyEncError(f"encoder {proxy.name!r} is a reranker: give a query, then documents")
         query, docs = texts[0], texts[1:]
@@ -178,6 +184,15 @@ def cmd_admin(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import serve
+
+    path = args.config or os.environ.get("LAZYENC_CONFIG") or DEFAULT_CONFIG
+    if not os.path.exists(path):
+        raise ConfigError("file not found (pass --config FILE or set LAZYENC_CONFIG)", source=path)
+    return serve(path, host=args.host, port=args.port, insecure=args.insecure)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(prog="lazyenc", description="Lazily loaded ML encoders.")
@@ -206,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to bind (default: [admin] host, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: [admin] port, 8710)")
     p.set_defaults(func=cmd_admin)
+
+    p = sub.add_parser("serve", parents=[common], help="serve the encoders over HTTP (OpenAI-compatible)")
+    p.add_argument("--host", help="interface to bind (default: [server] host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: [server] port, 8700)")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback host without API keys")
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

@@ -132,4 +132,8 @@ def default_loader(kind: str) -> Loader:
     """The real loader for a kind."""
     if kind == "spacy":
         return SpacyLoader()
+    if kind == "remote":
+        from ._remote import RemoteLoader
+
+        return RemoteLoader()
     return SentenceTransformersLoader(kind)

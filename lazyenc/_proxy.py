@@ -557,4 +557,8 @@ _PROXIES: dict[str, type[EncoderProxy]] = {
 
 def proxy_class(kind: str) -> type[EncoderProxy]:
     """The proxy class for a kind."""
+    if kind == "remote" and kind not in _PROXIES:  # imported late: _remote builds on this module
+        from ._remote import RemoteProxy
+
+        _PROXIES[kind] = RemoteProxy
     return _PROXIES[kind]
