@@ -35,6 +35,9 @@ _SHOWN = {
     "errors",
     "loaded_at",
     "last_used_at",
+    "in_flight",
+    "idle_unload_at",
+    "retry_at",
     "reason",
 }
 # Redundant with a shown column, or too detailed for the table; still in the JSON.
@@ -54,8 +57,9 @@ th,td{border:1px solid #d0d7de;padding:.35rem .55rem;text-align:left;vertical-al
 th{background:#f6f8fa;font-weight:600;white-space:nowrap}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.time{white-space:nowrap}
-td.model{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.8rem;word-break:break-all}
-td.reason{color:#57606a;max-width:28rem;word-break:break-word}
+td.model{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.8rem;min-width:12rem;
+word-break:break-all}
+td.reason{color:#57606a;min-width:12rem;max-width:28rem;word-break:break-word}
 .badge{display:inline-block;padding:.1rem .55rem;border-radius:1rem;font-weight:600;font-size:.8rem;
 white-space:nowrap;border:1px solid transparent}
 .state-loaded .badge{background:#dafbe1;color:#116329;border-color:#4ac26b}
@@ -75,6 +79,12 @@ def _ago(ts: float | None, now: float) -> str:
     if ts is None:
         return "-"
     return f"{_duration(max(0.0, now - ts))} ago"
+
+
+def _until(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "-"
+    return f"in {_duration(ts - now)}" if ts > now else "due"
 
 
 def _duration(seconds: float) -> str:
@@ -125,6 +135,7 @@ def _row(c: Mapping[str, Any], extras: Sequence[str], now: float) -> str:
     load_s = c.get("load_seconds")
     delta = c.get("rss_delta_bytes")
     loaded_at, last_used = c.get("loaded_at"), c.get("last_used_at")
+    idle_at, retry_at = c.get("idle_unload_at"), c.get("retry_at")
     cells = [
         f'<th scope="row" class="name">{name}</th>',
         _cell(c.get("kind", "")),
@@ -139,6 +150,9 @@ def _row(c: Mapping[str, Any], extras: Sequence[str], now: float) -> str:
         _cell(c.get("errors", 0), cls="num"),
         _cell(_ago(loaded_at, now), cls="time", title=_utc(loaded_at) if loaded_at else ""),
         _cell(_ago(last_used, now), cls="time", title=_utc(last_used) if last_used else ""),
+        _cell(c.get("in_flight", 0), cls="num"),
+        _cell(_until(idle_at, now), cls="time", title=_utc(idle_at) if idle_at else ""),
+        _cell(_until(retry_at, now), cls="time", title=_utc(retry_at) if retry_at else ""),
         _cell(c.get("reason") or "", cls="reason"),
         *(_cell(_generic(c.get(key)), cls=f"extra extra-{escape(key)}") for key in extras),
     ]
@@ -212,6 +226,9 @@ def render_page(
         "errors",
         "built",
         "last used",
+        "in flight",
+        "idle unload",
+        "retry",
         "reason",
         *extras,
     ]

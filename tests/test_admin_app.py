@@ -633,3 +633,19 @@ def test_the_page_under_protect_reads_takes_basic_auth_so_a_browser_can_log_in()
         challenge.headers["www-authenticate"],
     )
     assert (200, 401, 401) == (page.status_code, garbage.status_code, write.status_code)
+
+
+def test_page_shows_when_an_idle_encoder_will_unload() -> None:
+    """With idle_unload_s set, the page shows the unload deadline as a countdown, not an epoch."""
+    settings = make_settings({"dense": "dense"}, idle_unload_s=600)
+    mgr = EncoderManager(settings, loaders={"dense": FakeLoader()})
+    mgr["dense"].encode(["x"])
+    with TestClient(create_app(mgr, environ={})) as client:
+        doc = client.get("/admin/components").json()
+        page = client.get("/admin").text
+    deadline = doc["components"][0]["idle_unload_at"]
+    assert deadline is not None and deadline > time.time()
+    row = re.search(r'<tr id="component-dense".*?</tr>', page, re.S)
+    assert row is not None
+    assert re.search(r'<td class="time" title="[^"]+ UTC">in (9|10) min</td>', row.group(0))
+    mgr.close()
