@@ -38,7 +38,6 @@ from ._proxy import (
     SpacyProxy,
     SparseProxy,
 )
-from ._remote import RemoteProxy
 
 __version__ = "0.1.0"
 
@@ -74,3 +73,17 @@ __all__ = [
     "load_config",
     "parse_config",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The remote proxy pulls in its own dataclasses and transport code; most
+    # processes never use it, so it is imported on first access.
+    if name == "RemoteProxy":
+        from ._remote import RemoteProxy
+
+        return RemoteProxy
+    raise AttributeError(f"module 'lazyenc' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"RemoteProxy"})
