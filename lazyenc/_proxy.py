@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
+from . import _batching
 from ._config import EncoderSettings, HardwareSettings
 from ._exceptions import EncoderClosedError, EncoderLoadError, EncoderUnavailableError
 from ._loaders import Loader, resolve_device
@@ -68,6 +69,9 @@ class ComponentStatus:
     errors: int
     loading_for_s: float | None = None
     rss_delta_bytes: int | None = None
+    batches_run: int = 0
+    mean_batch_size: float | None = None
+    queue_depth: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -112,7 +116,7 @@ class EncoderProxy:
         self._hardware = hardware or HardwareSettings()
         self._environ = os.environ if environ is None else environ
         self._build_lock = threading.Lock()
-        # Until batching, one model never runs two calls at once (tokenizers are not re-entrant).
+        # One model never runs two calls at once (tokenizers are not re-entrant); the batch worker too.
         self._call_lock = threading.Lock()
         self._model: Any = None
         self._failure: BaseException | None = None
@@ -129,6 +133,7 @@ class EncoderProxy:
         self._state: State = "unavailable"
         self._reason = ""
         self._apply_probe(loader.probe(settings, self._environ))
+        self._batcher = _batching.make_batcher(self)
 
     # -- non-forcing views -------------------------------------------------
     @property
@@ -183,6 +188,7 @@ class EncoderProxy:
             errors=self._errors,
             loading_for_s=None if since is None else round(time.monotonic() - since, 3),
             rss_delta_bytes=self._rss_delta,
+            **_batching.status_fields(self._batcher),
         )
 
     def __repr__(self) -> str:
@@ -200,8 +206,12 @@ class EncoderProxy:
         return model if model is not None else self._build()
 
     def unload(self) -> bool:
-        """Drop the model; True if one was loaded. Waits for an in-flight call."""
-        with self._build_lock, self._call_lock:
+        """Drop the model; True if one was loaded. Waits for an in-flight call.
+
+        Queued batched requests run first, then the batch worker stops; calls
+        arriving meanwhile wait and then build the model again.
+        """
+        with _batching.paused(self._batcher), self._build_lock, self._call_lock:
             if self._model is None:
                 return False
             self._model = None
@@ -304,15 +314,27 @@ class DenseProxy(EncoderProxy):
 
     def encode(self, *args: Any, **kwargs: Any) -> Any:
         """SentenceTransformer.encode."""
-        return self._call("encode", *args, **kwargs)
+        return _batching.call(self, "encode", args, kwargs)
 
     def encode_query(self, *args: Any, **kwargs: Any) -> Any:
         """SentenceTransformer.encode_query."""
-        return self._call("encode_query", *args, **kwargs)
+        return _batching.call(self, "encode_query", args, kwargs)
 
     def encode_document(self, *args: Any, **kwargs: Any) -> Any:
         """SentenceTransformer.encode_document."""
-        return self._call("encode_document", *args, **kwargs)
+        return _batching.call(self, "encode_document", args, kwargs)
+
+    async def aencode(self, *args: Any, **kwargs: Any) -> Any:
+        """encode, awaitable; shares batches with thread callers."""
+        return await _batching.acall(self, "encode", args, kwargs)
+
+    async def aencode_query(self, *args: Any, **kwargs: Any) -> Any:
+        """encode_query, awaitable."""
+        return await _batching.acall(self, "encode_query", args, kwargs)
+
+    async def aencode_document(self, *args: Any, **kwargs: Any) -> Any:
+        """encode_document, awaitable."""
+        return await _batching.acall(self, "encode_document", args, kwargs)
 
 
 class SparseProxy(DenseProxy):
@@ -324,6 +346,10 @@ class SparseProxy(DenseProxy):
         """SparseEncoder.decode: (token, weight) pairs."""
         return self._call("decode", embedding, top_k=top_k)
 
+    async def adecode(self, embedding: Any, top_k: int | None = None) -> Any:
+        """decode, awaitable (in a thread)."""
+        return await _batching.in_thread(self.decode, embedding, top_k=top_k)
+
 
 class RerankProxy(EncoderProxy):
     """A CrossEncoder."""
@@ -332,7 +358,11 @@ class RerankProxy(EncoderProxy):
 
     def predict(self, *args: Any, **kwargs: Any) -> Any:
         """CrossEncoder.predict: one score per (query, document) pair."""
-        return self._call("predict", *args, **kwargs)
+        return _batching.call(self, "predict", args, kwargs)
+
+    async def apredict(self, *args: Any, **kwargs: Any) -> Any:
+        """predict, awaitable; shares batches with thread callers."""
+        return await _batching.acall(self, "predict", args, kwargs)
 
     def rank(
         self,
@@ -344,8 +374,23 @@ class RerankProxy(EncoderProxy):
         **kwargs: Any,
     ) -> list[dict[str, Any]]:
         """CrossEncoder.rank: ``[{"corpus_id", "score"[, "text"]}]``, best first."""
-        result: list[dict[str, Any]] = self._call(
-            "rank", query, documents, top_k=top_k, return_documents=return_documents, **kwargs
+        result: list[dict[str, Any]] = _batching.call(
+            self, "rank", (query, documents), dict(kwargs, top_k=top_k, return_documents=return_documents)
+        )
+        return result
+
+    async def arank(
+        self,
+        query: str,
+        documents: list[str],
+        *,
+        top_k: int | None = None,
+        return_documents: bool = False,
+        **kwargs: Any,
+    ) -> list[dict[str, Any]]:
+        """rank, awaitable; its pairs share batches with predict calls."""
+        result: list[dict[str, Any]] = await _batching.acall(
+            self, "rank", (query, documents), dict(kwargs, top_k=top_k, return_documents=return_documents)
         )
         return result
 
@@ -362,6 +407,15 @@ class SpacyProxy(EncoderProxy):
     def pipe(self, texts: Any, **kwargs: Any) -> list[Any]:
         """Language.pipe, materialised into a list so the model is released when it returns."""
         result: list[Any] = self._call(_pipe_list, texts, **kwargs)
+        return result
+
+    async def acall(self, text: str, **kwargs: Any) -> Any:
+        """Run the pipeline on one text in a thread; returns a Doc. spaCy is not batched."""
+        return await _batching.in_thread(self, text, **kwargs)
+
+    async def apipe(self, texts: Any, **kwargs: Any) -> list[Any]:
+        """pipe, awaitable (in a thread)."""
+        result: list[Any] = await _batching.in_thread(self.pipe, texts, **kwargs)
         return result
 
 
