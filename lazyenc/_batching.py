@@ -413,7 +413,8 @@ class Batcher:
                 while not self._queue and not self._paused:
                     self._has_work.wait()
                 if not self._queue:  # paused and drained
-                    self._thread = None
+                    if self._thread is threading.current_thread():
+                        self._thread = None
                     return
                 batch = self._collect()
                 self._has_room.notify_all()

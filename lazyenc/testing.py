@@ -37,7 +37,8 @@ class FakeModel:
     """Answers every kind's methods with deterministic values.
 
     ``fail`` makes every call raise it (an injected forward failure);
-    ``gate`` makes every call wait for the event (a slow call); ``calls`` counts.
+    ``gate`` makes every call wait for the event (a slow call); ``calls`` counts;
+    ``entered`` is set when a call starts; ``seen`` records each call's inputs.
     """
 
     def __init__(
@@ -51,9 +52,13 @@ class FakeModel:
         self.fail = fail
         self.gate = gate
         self.calls = 0
+        self.entered = threading.Event()
+        self.seen: list[Any] = []
 
-    def _enter(self) -> None:
+    def _enter(self, inputs: Any = None) -> None:
         self.calls += 1
+        self.seen.append(inputs)
+        self.entered.set()
         if self.gate is not None:
             self.gate.wait()
         if self.fail is not None:
@@ -61,7 +66,7 @@ class FakeModel:
 
     def encode(self, inputs: str | Iterable[str], **kwargs: Any) -> Any:
         """One vector per text (a list for a list, one vector for a string)."""
-        self._enter()
+        self._enter(inputs)
         if isinstance(inputs, str):
             return _vector(inputs, self.dimension)
         return [_vector(t, self.dimension) for t in inputs]
@@ -77,7 +82,8 @@ class FakeModel:
 
     def predict(self, pairs: Iterable[tuple[str, str]], **kwargs: Any) -> list[float]:
         """A score per pair: the share of query words found in the document."""
-        self._enter()
+        pairs = list(pairs)
+        self._enter(pairs)
         out = []
         for query, doc in pairs:
             words = set(query.lower().split())
