@@ -408,6 +408,21 @@ class Batcher:
 
     # -- the worker ---------------------------------------------------------------------
     def _work(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # a bug here must not leave callers waiting forever
+            log.exception("batch worker of %s failed", self._proxy.name)
+            with self._lock:
+                orphans, self._queue = self._queue, []
+                self._pending.clear()
+                if self._thread is threading.current_thread():
+                    self._thread = None
+                self._has_room.notify_all()
+            for request in orphans:
+                if request.future.set_running_or_notify_cancel():
+                    request.future.set_exception(exc)
+
+    def _serve(self) -> None:
         while True:
             with self._lock:
                 while not self._queue and not self._paused:

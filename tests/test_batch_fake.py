@@ -430,3 +430,21 @@ def test_queue_timeout_is_read_from_the_toml() -> None:
     )
     assert BatchSettings(max_queue=8, queue_timeout_s=0.0) == settings.encoder("a").batch
     assert 10.0 == settings.encoder("b").batch.queue_timeout_s
+
+
+async def test_worker_bug_fails_queued_requests_instead_of_hanging(
+    g: Gated, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the worker itself breaks, queued callers get the error and a later call starts a new worker."""
+    g.gate.set()
+    bug = RuntimeError("worker bug")
+
+    def broken() -> list[Any]:
+        raise bug
+
+    monkeypatch.setattr(g.proxy._batcher, "_collect", broken)
+    with pytest.raises(RuntimeError) as info:
+        await g.proxy.aencode("a")
+    assert bug is info.value
+    monkeypatch.undo()
+    assert reference("b") == await g.proxy.aencode("b")
