@@ -293,6 +293,10 @@ class Batcher:
         self._pending: dict[Hashable, int] = {}  # queued texts per batch key
         self._thread: threading.Thread | None = None
         self._paused = False
+        # Whether callers overlap: the last batch had several requests, or one arrived while it ran.
+        self._last_batch_requests = 0
+        self._arrived_while_running = 0
+        self._batch_running = False
 
     def __repr__(self) -> str:
         return f"<Batcher {self._proxy.name!r} queued={len(self._queue)} running={self.running}>"
@@ -345,6 +349,8 @@ class Batcher:
                     raise OverloadedError(self._proxy.name, max_queue=settings.max_queue)
                 self._has_room.wait(deadline - now)
             request.enqueued = time.monotonic()
+            if self._batch_running:
+                self._arrived_while_running += 1
             self._queue.append(request)
             self._pending[plan.key] = self._pending.get(plan.key, 0) + len(plan.items)
             if self._thread is None:
@@ -425,6 +431,7 @@ class Batcher:
     def _serve(self) -> None:
         while True:
             with self._lock:
+                self._batch_running = False
                 while not self._queue and not self._paused:
                     self._has_work.wait()
                 if not self._queue:  # paused and drained
@@ -439,7 +446,9 @@ class Batcher:
     def _collect(self) -> list[_Request]:
         """Take one batch off the queue (lock held), waiting up to max_wait_ms to fill it."""
         max_size = self.settings.max_size
-        if not self._paused and self.settings.max_wait_ms > 0:
+        # A lone caller is not delayed: waiting only pays when calls overlap.
+        overlapping = self._last_batch_requests > 1 or self._arrived_while_running > 0
+        if not self._paused and self.settings.max_wait_ms > 0 and overlapping:
             deadline = self._queue[0].enqueued + self.settings.max_wait_ms / 1000
             while self._queue and not self._paused:
                 if self._pending.get(self._queue[0].plan.key, 0) >= max_size:
@@ -463,6 +472,9 @@ class Batcher:
                 kept.append(request)
         self._queue = kept
         self._forget_pending(key, size)
+        self._last_batch_requests = len(taken)
+        self._arrived_while_running = 0
+        self._batch_running = True
         return taken
 
     def _run(self, batch: list[_Request]) -> None:

@@ -448,3 +448,34 @@ async def test_worker_bug_fails_queued_requests_instead_of_hanging(
     assert bug is info.value
     monkeypatch.undo()
     assert reference("b") == await g.proxy.aencode("b")
+
+
+def finishes(fn: Any, *args: Any) -> bool:
+    """Whether fn(*args) returns within a minute (a liveness check, not a speed limit)."""
+    thread = threading.Thread(target=fn, args=args, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    return not thread.is_alive()
+
+
+def test_lone_caller_is_not_delayed_by_max_wait() -> None:
+    """A caller alone (last batch of one, nothing arriving meanwhile) runs without waiting max_wait_ms."""
+    fixture = gated(max_wait_ms=3_600_000)
+    fixture.gate.set()
+    with fixture.manager:
+        assert all(finishes(fixture.proxy.encode, f"call {i}") for i in range(3))
+        assert 3 == fixture.proxy.status().batches_run
+
+
+async def test_a_full_batch_runs_without_waiting_out_max_wait() -> None:
+    """Once max_size texts with one key are queued, the batch runs before max_wait_ms expires."""
+    fixture = gated(max_wait_ms=3_600_000, max_size=3)
+    try:
+        fixture.block_worker()
+        tasks = [asyncio.create_task(fixture.proxy.aencode(t)) for t in ("a", "b", "c")]
+        await queued(fixture.proxy, 3)
+        fixture.release()
+        assert [reference(t) for t in "abc"] == await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    finally:
+        fixture.gate.set()
+        fixture.manager.close()
