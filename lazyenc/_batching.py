@@ -41,6 +41,10 @@ __all__ = ["BATCHED_KINDS", "Batcher", "acall", "call", "make_batcher", "paused"
 log = logging.getLogger("lazyenc")
 
 BATCHED_KINDS = frozenset({"dense", "sparse", "rerank"})
+# The batch_size a coalesced call passes to the model when batch.model_batch_size is not set.
+# The model sorts by length and runs chunks of this size: on CPU, chunks of similar length pad
+# little, and SPLADE's [chunk, tokens, vocab] activations stay small (measured in bench/throughput.py).
+MODEL_BATCH_SIZE = {"dense": 16, "rerank": 16, "sparse": 8}
 
 # Options that change nothing in the output; the worker picks its own batch size.
 _IGNORED = frozenset({"batch_size", "show_progress_bar"})
@@ -278,6 +282,7 @@ class Batcher:
     def __init__(self, proxy: EncoderProxy, settings: BatchSettings) -> None:
         self._proxy = proxy
         self.settings = settings
+        self.model_batch_size = settings.model_batch_size or MODEL_BATCH_SIZE.get(proxy.kind, 32)
         self.batches_run = 0
         self.items_run = 0
         self.requests_run = 0
@@ -521,7 +526,7 @@ class Batcher:
         try:
             return getattr(model, method)(
                 items,
-                batch_size=max(1, min(len(items), self.settings.max_size)),
+                batch_size=max(1, min(len(items), self.model_batch_size)),
                 show_progress_bar=False,
                 **kwargs,
             )

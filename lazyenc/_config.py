@@ -46,6 +46,7 @@ class BatchSettings:
     max_wait_ms: float = 2.0
     max_queue: int = 1024
     queue_timeout_s: float = 10.0
+    model_batch_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,13 @@ _ENCODER: _Spec = {
     "api_key_env": _STR,
 }
 _REMOTE_ONLY = ("url", "timeout_s", "api_key_env")
-_BATCH: _Spec = {"max_size": _INT, "max_wait_ms": _NUM, "max_queue": _INT, "queue_timeout_s": _NUM}
+_BATCH: _Spec = {
+    "max_size": _INT,
+    "max_wait_ms": _NUM,
+    "max_queue": _INT,
+    "queue_timeout_s": _NUM,
+    "model_batch_size": _INT,
+}
 _EXPECT: _Spec = {"dimension": _INT, "revision": _STR}
 _ADMIN: _Spec = {"host": _STR, "port": _INT, "token_env": _STR, "protect_reads": _BOOL}
 _SERVER: _Spec = {

@@ -15,6 +15,7 @@ import pytest
 
 from lazyenc import (
     BatchSettings,
+    ConfigError,
     EncoderClosedError,
     EncoderManager,
     InvalidInputError,
@@ -422,14 +423,41 @@ def test_forget_after_fork_lets_a_forked_child_encode(g: Gated) -> None:
     assert reference("parent again") == g.proxy.encode("parent again")
 
 
-def test_queue_timeout_is_read_from_the_toml() -> None:
-    """batch.queue_timeout_s is a number >= 0, default 10."""
+def test_queue_timeout_and_model_batch_size_are_read_from_the_toml() -> None:
+    """batch.queue_timeout_s is a number >= 0 (default 10); batch.model_batch_size an integer > 0."""
     settings = parse_config(
-        '[encoders.a]\nkind = "dense"\nmodel = "m"\nbatch = { max_queue = 8, queue_timeout_s = 0 }\n'
+        '[encoders.a]\nkind = "dense"\nmodel = "m"\n'
+        "batch = { max_queue = 8, queue_timeout_s = 0, model_batch_size = 4 }\n"
         '[encoders.b]\nkind = "dense"\nmodel = "m"\n'
     )
-    assert BatchSettings(max_queue=8, queue_timeout_s=0.0) == settings.encoder("a").batch
-    assert 10.0 == settings.encoder("b").batch.queue_timeout_s
+    assert BatchSettings(max_queue=8, queue_timeout_s=0.0, model_batch_size=4) == settings.encoder("a").batch
+    assert (10.0, None) == (
+        settings.encoder("b").batch.queue_timeout_s,
+        settings.encoder("b").batch.model_batch_size,
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_config('[encoders.a]\nkind = "dense"\nmodel = "m"\nbatch = { model_batch_size = 0 }\n')
+    assert "<string>: [encoders.a.batch.model_batch_size]: must be > 0, got 0" == str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kind", "configured", "expected"), [("dense", None, 3), ("dense", 2, 2), ("sparse", None, 3)]
+)
+async def test_coalesced_call_passes_the_model_batch_size(
+    kind: str, configured: int | None, expected: int
+) -> None:
+    """The model gets batch_size = min(texts, model_batch_size or the kind's default), not the caller's."""
+    fixture = gated(kind, model_batch_size=configured)
+    try:
+        fixture.block_worker()
+        tasks = [asyncio.create_task(fixture.proxy.aencode(t, batch_size=1)) for t in ("a", "b", "c")]
+        await queued(fixture.proxy, 3)
+        fixture.release()
+        await asyncio.gather(*tasks)
+        assert expected == fixture.model.seen_kwargs[1]["batch_size"]
+    finally:
+        fixture.gate.set()
+        fixture.manager.close()
 
 
 async def test_worker_bug_fails_queued_requests_instead_of_hanging(
