@@ -46,9 +46,10 @@ WORDS = (
 ).split()
 
 
-def make_texts(n: int, seed: int = 0) -> list[str]:
+def make_texts(n: int, seed: int = 0, words: tuple[int, int] = (4, 20)) -> list[str]:
+    """Sentences of a uniform random number of common words (about one token each)."""
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 40))) for _ in range(n)]
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(*words))) for _ in range(n)]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -191,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=None, help="runs per figure (default 3, quick 1)")
     parser.add_argument("--texts", type=int, default=None, help="inputs per figure (default 256, quick 128)")
     parser.add_argument("--kinds", default="dense,rerank,sparse")
+    parser.add_argument(
+        "--words", default="4,20", help="MIN,MAX words per text (default 4,20; queries are 3-10)"
+    )
     args = parser.parse_args(argv)
     runs = args.runs or (1 if args.quick else 3)
     n = args.texts or (128 if args.quick else 256)
@@ -198,12 +202,16 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    texts = make_texts(n)
-    queries = make_texts(16, seed=1)
-    pairs = [(queries[i % len(queries)][:60], t) for i, t in enumerate(texts)]
+    low, high = (int(x) for x in args.words.split(","))
+    texts = make_texts(n, words=(low, high))
+    queries = make_texts(16, seed=1, words=(3, 10))
+    pairs = [(queries[i % len(queries)], t) for i, t in enumerate(texts)]
     started = time.perf_counter()
     with EncoderManager.from_toml(args.config) as mgr:
-        print(f"# Throughput (issue 4): torch {torch.__version__}, {torch.get_num_threads()} torch threads")
+        print(
+            f"# Throughput (issue 4): torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
+            f"texts of {low}-{high} words"
+        )
         for name in args.kinds.split(","):
             enc = mgr.settings.encoder(name)
             b = enc.batch
