@@ -302,6 +302,7 @@ class Batcher:
         self._last_batch_requests = 0
         self._arrived_while_running = 0
         self._batch_running = False
+        self._free_since = 0.0  # when the worker finished its last batch
 
     def __repr__(self) -> str:
         return f"<Batcher {self._proxy.name!r} queued={len(self._queue)} running={self.running}>"
@@ -436,7 +437,9 @@ class Batcher:
     def _serve(self) -> None:
         while True:
             with self._lock:
-                self._batch_running = False
+                if self._batch_running:
+                    self._batch_running = False
+                    self._free_since = time.monotonic()
                 while not self._queue and not self._paused:
                     self._has_work.wait()
                 if not self._queue:  # paused and drained
@@ -454,7 +457,12 @@ class Batcher:
         # A lone caller is not delayed: waiting only pays when calls overlap.
         overlapping = self._last_batch_requests > 1 or self._arrived_while_running > 0
         if not self._paused and self.settings.max_wait_ms > 0 and overlapping:
-            deadline = self._queue[0].enqueued + self.settings.max_wait_ms / 1000
+            # The batch stays open max_wait_ms from when it could first have run: the oldest
+            # request's arrival or the end of the previous batch, whichever is later. Counting
+            # from the end of the previous batch lets the callers it just answered join the
+            # next one, instead of settling into cohorts that alternate half-size batches.
+            opened = max(self._queue[0].enqueued, self._free_since)
+            deadline = opened + self.settings.max_wait_ms / 1000
             while self._queue and not self._paused:
                 if self._pending.get(self._queue[0].plan.key, 0) >= max_size:
                     break
