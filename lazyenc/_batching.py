@@ -36,7 +36,19 @@ from ._exceptions import InvalidInputError, OverloadedError
 if TYPE_CHECKING:
     from ._proxy import EncoderProxy
 
-__all__ = ["BATCHED_KINDS", "Batcher", "acall", "call", "make_batcher", "paused", "status_fields"]
+__all__ = [
+    "BATCHED_KINDS",
+    "MODEL_BATCH_SIZE",
+    "Batcher",
+    "Plan",
+    "acall",
+    "call",
+    "in_thread",
+    "make_batcher",
+    "paused",
+    "plan_call",
+    "status_fields",
+]
 
 log = logging.getLogger("lazyenc")
 
