@@ -507,3 +507,44 @@ async def test_a_full_batch_runs_without_waiting_out_max_wait() -> None:
     finally:
         fixture.gate.set()
         fixture.manager.close()
+
+
+async def test_mixed_load_with_unloads_and_cancellations_answers_every_request() -> None:
+    """Threads, tasks, cancellations and repeated unloads together: every request gets its own result."""
+    settings = make_settings({"enc": "dense"})
+    enc = dataclasses.replace(settings.encoders[0], batch=BatchSettings(max_size=8, max_wait_ms=1))
+    manager = EncoderManager(dataclasses.replace(settings, encoders=(enc,)), loaders={"enc": FakeLoader()})
+    proxy = manager["enc"]
+    mismatches: list[Any] = []
+
+    def thread_caller(i: int) -> None:
+        for k in range(40):
+            x: Any = [f"t{i}-{k}", f"u{i}-{k}"] if k % 2 else f"s{i}-{k}"
+            if reference(x) != proxy.encode(x, normalize_embeddings=k % 3 == 0):
+                mismatches.append(x)
+
+    def unloader() -> None:
+        for _ in range(15):
+            proxy.unload()
+
+    async def task_caller(j: int) -> None:
+        if reference(f"a{j}") != await proxy.aencode(f"a{j}"):
+            mismatches.append(j)
+
+    with manager:
+        threads = [threading.Thread(target=thread_caller, args=(i,)) for i in range(8)]
+        threads.append(threading.Thread(target=unloader))
+        for t in threads:
+            t.start()
+        for round_ in range(10):
+            tasks = [asyncio.create_task(task_caller(round_ * 100 + j)) for j in range(20)]
+            await asyncio.sleep(0)
+            for t in tasks[::5]:
+                t.cancel()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            assert all(o is None or isinstance(o, asyncio.CancelledError) for o in outcomes)
+        for t in threads:
+            await asyncio.to_thread(t.join)
+        assert [] == mismatches
+        assert 0 == proxy.status().queue_depth
+    assert [] == worker_threads()
