@@ -38,6 +38,9 @@ _SHOWN = {
     "in_flight",
     "idle_unload_at",
     "retry_at",
+    "batches_run",
+    "mean_batch_size",
+    "queue_depth",
     "reason",
 }
 # Redundant with a shown column, or too detailed for the table; still in the JSON.
@@ -153,6 +156,9 @@ def _row(c: Mapping[str, Any], extras: Sequence[str], now: float) -> str:
         _cell(c.get("in_flight", 0), cls="num"),
         _cell(_until(idle_at, now), cls="time", title=_utc(idle_at) if idle_at else ""),
         _cell(_until(retry_at, now), cls="time", title=_utc(retry_at) if retry_at else ""),
+        _cell(_generic(c.get("batches_run")), cls="num"),
+        _cell(_generic(c.get("mean_batch_size")), cls="num"),
+        _cell(_generic(c.get("queue_depth")), cls="num"),
         _cell(c.get("reason") or "", cls="reason"),
         *(_cell(_generic(c.get(key)), cls=f"extra extra-{escape(key)}") for key in extras),
     ]
@@ -229,6 +235,9 @@ def render_page(
         "in flight",
         "idle unload",
         "retry",
+        "batches",
+        "mean batch",
+        "queued",
         "reason",
         *extras,
     ]

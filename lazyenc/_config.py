@@ -73,6 +73,8 @@ class BatchSettings:
     max_size: int = 64
     max_wait_ms: float = 2.0
     max_queue: int = 1024
+    queue_timeout_s: float = 10.0
+    model_batch_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,13 @@ _ENCODER: _Spec = {
     "api_key_env": _STR,
 }
 _REMOTE_ONLY = ("url", "timeout_s", "api_key_env")
-_BATCH: _Spec = {"max_size": _INT, "max_wait_ms": _NUM, "max_queue": _INT}
+_BATCH: _Spec = {
+    "max_size": _INT,
+    "max_wait_ms": _NUM,
+    "max_queue": _INT,
+    "queue_timeout_s": _NUM,
+    "model_batch_size": _INT,
+}
 _EXPECT: _Spec = {"dimension": _INT, "revision": _STR}
 _ADMIN: _Spec = {"host": _STR, "port": _INT, "token_env": _STR, "protect_reads": _BOOL}
 _SERVER: _Spec = {
@@ -355,9 +363,11 @@ class _Parser:
             else:
                 b = self.table(f"{where}.batch", values["batch"], _BATCH)
                 for key in b:
-                    self.positive(f"{where}.batch.{key}", b[key], zero_ok=key == "max_wait_ms")
-                if "max_wait_ms" in b:
-                    b["max_wait_ms"] = float(b["max_wait_ms"])
+                    zero_ok = key in ("max_wait_ms", "queue_timeout_s")
+                    self.positive(f"{where}.batch.{key}", b[key], zero_ok=zero_ok)
+                for key in ("max_wait_ms", "queue_timeout_s"):
+                    if key in b:
+                        b[key] = float(b[key])
                 batch = BatchSettings(**b)
         expect = ExpectSettings(**self.table(f"{where}.expect", values.get("expect", {}), _EXPECT))
         opts = values.get("options", {})

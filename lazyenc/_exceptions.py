@@ -9,6 +9,7 @@ The tree::
     ├── EncoderLoadError         the build failed; the original exception is ``__cause__``
     ├── MemoryBudgetError        a build would not fit the configured memory budget
     ├── OverloadedError          an encoder's queue is full
+    ├── InvalidInputError        an input to a call has the wrong type (also a ValueError)
     ├── EncoderClosedError       the manager was closed
     └── RemoteError              a lazyenc server answered with an error
 
@@ -25,6 +26,7 @@ __all__ = [
     "EncoderClosedError",
     "EncoderLoadError",
     "EncoderUnavailableError",
+    "InvalidInputError",
     "LazyEncError",
     "MemoryBudgetError",
     "OverloadedError",
@@ -101,6 +103,16 @@ class OverloadedError(LazyEncError):
         self.name = name
         self.max_queue = max_queue
         super().__init__(f"encoder {name!r} is overloaded: {max_queue} requests already queued")
+
+
+class InvalidInputError(LazyEncError, ValueError):
+    """An input to an encoder call has the wrong type; only that call fails."""
+
+    def __init__(self, name: str, argument: str, problem: str) -> None:
+        self.name = name
+        self.argument = argument
+        self.problem = problem
+        super().__init__(f"encoder {name!r}: {argument} {problem}")
 
 
 class EncoderClosedError(LazyEncError):

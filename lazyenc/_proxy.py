@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
+from . import _batching
 from ._config import EncoderSettings, HardwareSettings
 from ._exceptions import EncoderClosedError, EncoderLoadError, EncoderUnavailableError
 from ._loaders import Loader, resolve_device
@@ -76,6 +77,9 @@ class ComponentStatus:
     idle_unload_at: float | None = None
     in_flight: int = 0
     retry_at: float | None = None
+    batches_run: int = 0
+    mean_batch_size: float | None = None
+    queue_depth: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -121,7 +125,7 @@ class EncoderProxy:
         self._hardware = hardware or HardwareSettings()
         self._environ = os.environ if environ is None else environ
         self._build_lock = threading.Lock()
-        # Until batching, one model never runs two calls at once (tokenizers are not re-entrant).
+        # One model never runs two calls at once (tokenizers are not re-entrant); the batch worker too.
         self._call_lock = threading.Lock()
         self._model: Any = None
         self._failure: BaseException | None = None
@@ -147,6 +151,7 @@ class EncoderProxy:
         self._lifecycle = lifecycle or Lifecycle(self._hardware, name=f"lazyenc-{settings.name}")
         self._lifecycle.register(self)
         self._apply_probe(loader.probe(settings, self._environ))
+        self._batcher = _batching.make_batcher(self)
 
     # -- non-forcing views -------------------------------------------------
     @property
@@ -204,6 +209,7 @@ class EncoderProxy:
             idle_unload_at=_wall(self._idle_deadline),
             in_flight=self._in_flight,
             retry_at=_wall(self._retry_deadline()),
+            **_batching.status_fields(self._batcher),
         )
 
     def __repr__(self) -> str:
@@ -221,8 +227,13 @@ class EncoderProxy:
         return model if model is not None else self._build()
 
     def unload(self) -> bool:
-        """Drop the model and give its memory back; True if one was loaded. Waits for an in-flight call."""
-        with self._build_lock, self._call_lock, self._counter_lock:
+        """Drop the model and give its memory back; True if one was loaded.
+
+        Waits for an in-flight call. Queued batched requests run first, then the
+        batch worker stops; calls arriving meanwhile wait and then build the
+        model again.
+        """
+        with _batching.paused(self._batcher), self._build_lock, self._call_lock, self._counter_lock:
             if self._model is None:
                 return False
             cuda = self._drop_model()
@@ -399,6 +410,8 @@ class EncoderProxy:
         self._state = "idle"
         self._device = None
         self._idle_deadline = None
+        if self._batcher is not None:
+            self._batcher.retire()  # its worker holds no model; it ends once its queue is empty
         return cuda
 
     def _uses_cuda(self) -> bool:
@@ -417,7 +430,9 @@ class EncoderProxy:
         return self._failed_mono + after
 
     def _stop_threads(self) -> None:
-        """Stop this encoder's own threads (none yet; batching adds a worker)."""
+        """Stop this encoder's own threads: the batch worker (idempotent)."""
+        if self._batcher is not None:
+            self._batcher.stop()
 
     def _after_fork_in_child(self) -> None:
         """In a forked child: no model from the parent, fresh locks, no threads.
@@ -433,6 +448,8 @@ class EncoderProxy:
         self._build_lock = threading.Lock()
         self._call_lock = threading.Lock()
         self._counter_lock = threading.Lock()
+        if self._batcher is not None:
+            self._batcher._forget_after_fork()
         self._model = None
         self._device = None
         self._in_flight = 0
@@ -445,25 +462,29 @@ class EncoderProxy:
     def _call(self, method: str | Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run a method of the model (a name, or a function taking the model first), serialised.
 
-        The model's own errors pass unchanged.
+        Counts as one call in flight; the model's own errors pass unchanged.
         """
         self._begin_call()
         try:
-            model = self._model
-            if model is None:
-                model = self._build()
-            fn = getattr(model, method) if isinstance(method, str) else partial(method, model)
-            with self._call_lock:
-                self._calls += 1
-                try:
-                    return fn(*args, **kwargs)
-                except BaseException:
-                    self._errors += 1
-                    raise
-                finally:
-                    self._last_used_at = time.time()
+            return self._invoke(method, *args, **kwargs)
         finally:
             self._end_call()
+
+    def _invoke(self, method: str | Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """``_call`` without the in-flight count, for callers that already hold one (batches)."""
+        model = self._model
+        if model is None:
+            model = self._build()
+        fn = getattr(model, method) if isinstance(method, str) else partial(method, model)
+        with self._call_lock:
+            self._calls += 1
+            try:
+                return fn(*args, **kwargs)
+            except BaseException:
+                self._errors += 1
+                raise
+            finally:
+                self._last_used_at = time.time()
 
 
 def _wall(deadline: float | None) -> float | None:
@@ -484,15 +505,27 @@ class DenseProxy(EncoderProxy):
 
     def encode(self, *args: Any, **kwargs: Any) -> Any:
         """SentenceTransformer.encode."""
-        return self._call("encode", *args, **kwargs)
+        return _batching.call(self, "encode", args, kwargs)
 
     def encode_query(self, *args: Any, **kwargs: Any) -> Any:
         """SentenceTransformer.encode_query."""
-        return self._call("encode_query", *args, **kwargs)
+        return _batching.call(self, "encode_query", args, kwargs)
 
     def encode_document(self, *args: Any, **kwargs: Any) -> Any:
         """SentenceTransformer.encode_document."""
-        return self._call("encode_document", *args, **kwargs)
+        return _batching.call(self, "encode_document", args, kwargs)
+
+    async def aencode(self, *args: Any, **kwargs: Any) -> Any:
+        """encode, awaitable; shares batches with thread callers."""
+        return await _batching.acall(self, "encode", args, kwargs)
+
+    async def aencode_query(self, *args: Any, **kwargs: Any) -> Any:
+        """encode_query, awaitable."""
+        return await _batching.acall(self, "encode_query", args, kwargs)
+
+    async def aencode_document(self, *args: Any, **kwargs: Any) -> Any:
+        """encode_document, awaitable."""
+        return await _batching.acall(self, "encode_document", args, kwargs)
 
 
 class SparseProxy(DenseProxy):
@@ -504,6 +537,10 @@ class SparseProxy(DenseProxy):
         """SparseEncoder.decode: (token, weight) pairs."""
         return self._call("decode", embedding, top_k=top_k)
 
+    async def adecode(self, embedding: Any, top_k: int | None = None) -> Any:
+        """decode, awaitable (in a thread)."""
+        return await _batching.in_thread(self.decode, embedding, top_k=top_k)
+
 
 class RerankProxy(EncoderProxy):
     """A CrossEncoder."""
@@ -512,7 +549,11 @@ class RerankProxy(EncoderProxy):
 
     def predict(self, *args: Any, **kwargs: Any) -> Any:
         """CrossEncoder.predict: one score per (query, document) pair."""
-        return self._call("predict", *args, **kwargs)
+        return _batching.call(self, "predict", args, kwargs)
+
+    async def apredict(self, *args: Any, **kwargs: Any) -> Any:
+        """predict, awaitable; shares batches with thread callers."""
+        return await _batching.acall(self, "predict", args, kwargs)
 
     def rank(
         self,
@@ -524,8 +565,23 @@ class RerankProxy(EncoderProxy):
         **kwargs: Any,
     ) -> list[dict[str, Any]]:
         """CrossEncoder.rank: ``[{"corpus_id", "score"[, "text"]}]``, best first."""
-        result: list[dict[str, Any]] = self._call(
-            "rank", query, documents, top_k=top_k, return_documents=return_documents, **kwargs
+        result: list[dict[str, Any]] = _batching.call(
+            self, "rank", (query, documents), dict(kwargs, top_k=top_k, return_documents=return_documents)
+        )
+        return result
+
+    async def arank(
+        self,
+        query: str,
+        documents: list[str],
+        *,
+        top_k: int | None = None,
+        return_documents: bool = False,
+        **kwargs: Any,
+    ) -> list[dict[str, Any]]:
+        """rank, awaitable; its pairs share batches with predict calls."""
+        result: list[dict[str, Any]] = await _batching.acall(
+            self, "rank", (query, documents), dict(kwargs, top_k=top_k, return_documents=return_documents)
         )
         return result
 
@@ -542,6 +598,15 @@ class SpacyProxy(EncoderProxy):
     def pipe(self, texts: Any, **kwargs: Any) -> list[Any]:
         """Language.pipe, materialised into a list so the model is released when it returns."""
         result: list[Any] = self._call(_pipe_list, texts, **kwargs)
+        return result
+
+    async def acall(self, text: str, **kwargs: Any) -> Any:
+        """Run the pipeline on one text in a thread; returns a Doc. spaCy is not batched."""
+        return await _batching.in_thread(self, text, **kwargs)
+
+    async def apipe(self, texts: Any, **kwargs: Any) -> list[Any]:
+        """pipe, awaitable (in a thread)."""
+        result: list[Any] = await _batching.in_thread(self.pipe, texts, **kwargs)
         return result
 
 

@@ -37,7 +37,9 @@ class FakeModel:
     """Answers every kind's methods with deterministic values.
 
     ``fail`` makes every call raise it (an injected forward failure);
-    ``gate`` makes every call wait for the event (a slow call); ``calls`` counts.
+    ``gate`` makes every call wait for the event (a slow call); ``calls`` counts;
+    ``entered`` is set when a call starts; ``seen`` and ``seen_kwargs`` record
+    each call's inputs and keyword arguments.
     """
 
     def __init__(
@@ -51,9 +53,15 @@ class FakeModel:
         self.fail = fail
         self.gate = gate
         self.calls = 0
+        self.entered = threading.Event()
+        self.seen: list[Any] = []
+        self.seen_kwargs: list[dict[str, Any]] = []
 
-    def _enter(self) -> None:
+    def _enter(self, inputs: Any = None, kwargs: dict[str, Any] | None = None) -> None:
         self.calls += 1
+        self.seen.append(inputs)
+        self.seen_kwargs.append(kwargs or {})
+        self.entered.set()
         if self.gate is not None:
             self.gate.wait()
         if self.fail is not None:
@@ -61,7 +69,7 @@ class FakeModel:
 
     def encode(self, inputs: str | Iterable[str], **kwargs: Any) -> Any:
         """One vector per text (a list for a list, one vector for a string)."""
-        self._enter()
+        self._enter(inputs, kwargs)
         if isinstance(inputs, str):
             return _vector(inputs, self.dimension)
         return [_vector(t, self.dimension) for t in inputs]
@@ -81,7 +89,8 @@ class FakeModel:
 
     def predict(self, pairs: Iterable[tuple[str, str]], **kwargs: Any) -> list[float]:
         """A score per pair: the share of query words found in the document."""
-        self._enter()
+        pairs = list(pairs)
+        self._enter(pairs, kwargs)
         out = []
         for query, doc in pairs:
             words = set(query.lower().split())

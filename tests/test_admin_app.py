@@ -649,3 +649,23 @@ def test_page_shows_when_an_idle_encoder_will_unload() -> None:
     assert row is not None
     assert re.search(r'<td class="time" title="[^"]+ UTC">in (9|10) min</td>', row.group(0))
     mgr.close()
+
+
+def test_page_shows_batching_figures() -> None:
+    """Batches run, mean batch size and queue depth have their own columns."""
+    mgr = EncoderManager(make_settings({"dense": "dense"}), loaders={"dense": FakeLoader()})
+    mgr["dense"].encode(["a", "b", "c"])
+    with TestClient(create_app(mgr, environ={})) as client:
+        page = client.get("/admin").text
+        doc = client.get("/admin/components").json()
+    assert (1, 3.0, 0) == tuple(
+        doc["components"][0][k] for k in ("batches_run", "mean_batch_size", "queue_depth")
+    )
+    headers = re.findall(r'<th scope="col">([^<]+)</th>', page)
+    assert ["batches", "mean batch", "queued"] == headers[
+        headers.index("retry") + 1 : headers.index("reason")
+    ]
+    row = re.search(r'<tr id="component-dense".*?</tr>', page, re.S)
+    assert row is not None
+    assert '<td class="num">1</td><td class="num">3</td><td class="num">0</td>' in row.group(0)
+    mgr.close()

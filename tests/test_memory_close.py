@@ -29,7 +29,8 @@ def test_close_stops_the_reaper_thread() -> None:
     mgr = EncoderManager(settings, loaders={"dense": FakeLoader(), "rerank": FakeLoader()})
     mgr["a"].encode(["x"])
     mgr["b"].predict([("q", "d")])
-    assert 1 == len(set(threading.enumerate()) - before)
+    started = {t.name for t in set(threading.enumerate()) - before}
+    assert {"lazyenc-idle-reaper", "lazyenc-batch-a", "lazyenc-batch-b"} == started
     mgr.close()
     assert set() == set(threading.enumerate()) - before
     assert [None, None] == [s.idle_unload_at for s in mgr.status()]
@@ -48,13 +49,13 @@ def test_a_standalone_proxy_closes_its_own_reaper() -> None:
         hardware=HardwareSettings(device="cpu"),
     )
     proxy.encode(["x"])
-    assert 1 == len(lazyenc_threads() - before)
+    assert {"lazyenc-solo-idle-reaper", "lazyenc-batch-solo"} == {t.name for t in lazyenc_threads() - before}
     proxy.close()
     assert set() == lazyenc_threads() - before
 
 
 def test_interpreter_exit_stops_the_reaper_thread() -> None:
-    """At exit (no close() called) lazyenc's atexit hook stops the reaper before the process ends."""
+    """At exit (no close() called) lazyenc's atexit hook stops the reaper and the batch worker."""
     script = """
 import atexit, threading
 # Registered before lazyenc's hook, so it runs after it (atexit is last in, first out).
@@ -70,7 +71,7 @@ print("running:", sorted(t.name for t in threading.enumerate()))
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
     assert 0 == done.returncode, done.stderr
-    expected = "running: ['MainThread', 'lazyenc-idle-reaper']\nleft: ['MainThread']\n"
+    expected = "running: ['MainThread', 'lazyenc-batch-a', 'lazyenc-idle-reaper']\nleft: ['MainThread']\n"
     assert expected == done.stdout
 
 
@@ -115,7 +116,7 @@ def test_unload_gives_a_large_model_allocation_back() -> None:
             # 4 KiB blocks live on the malloc heap, not in mmap regions of their own.
             self.chunks = [bytes([i % 256]) * 4096 for i in range(50_000)]
 
-        def encode(self, texts: list[str]) -> list[int]:
+        def encode(self, texts: list[str], **kwargs: object) -> list[int]:
             return [len(t) for t in texts]
 
     mgr = EncoderManager(make_settings({"a": "dense"}), loaders={"dense": FakeLoader(model_factory=Cyclic)})

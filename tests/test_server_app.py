@@ -293,6 +293,7 @@ def test_serve_mounts_the_admin_panel_beside_the_api() -> None:
         assert 200 == client.get("/v1/models").status_code
     assert "idle" == mgr["dense"].state
 
+
 def test_a_proxys_awaitable_variant_is_awaited_instead_of_a_thread() -> None:
     """When a proxy offers aencode (as batching proxies do), the endpoint awaits it."""
     mgr = manager_with({"dense": FakeModel()})
