@@ -166,14 +166,16 @@ def _weight_files(folder: str) -> list[str]:
 
 
 def fingerprint(files: list[str], folder: str) -> str:
-    """A short, stable id from the files' names, sizes and modification times."""
-    import hashlib
+    """A short, stable id from the files' names, sizes and modification times.
 
-    digest = hashlib.sha1()
+    FNV-1a in plain Python: hashlib would load OpenSSL at init for a dozen bytes.
+    """
+    h = 0xCBF29CE484222325
     for f in files:
         st = os.stat(f)
-        digest.update(f"{os.path.relpath(f, folder)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:12]
+        for byte in f"{os.path.relpath(f, folder)}:{st.st_size}:{st.st_mtime_ns}\n".encode():
+            h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"[:12]
 
 
 def _revision(folder: str, files: list[str]) -> str:
