@@ -24,6 +24,7 @@ from ._exceptions import (
     EncoderClosedError,
     EncoderLoadError,
     EncoderUnavailableError,
+    InvalidInputError,
     LazyEncError,
     MemoryBudgetError,
     OverloadedError,
@@ -247,6 +248,8 @@ async def call(proxy: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
             code="overloaded",
             headers={"Retry-After": str(max(1, math.ceil(retry)))},
         ) from None
+    except InvalidInputError as exc:
+        raise ApiError(400, str(exc), type="invalid_request_error", code="invalid_input") from None
     except EncoderLoadError as exc:
         raise ApiError(503, str(exc), type="service_unavailable", code="encoder_disabled") from None
     except (EncoderUnavailableError, EncoderClosedError, MemoryBudgetError) as exc:

@@ -307,3 +307,20 @@ def test_a_proxys_awaitable_variant_is_awaited_instead_of_a_thread() -> None:
     with TestClient(create_app(mgr)) as client:
         answer = client.post("/v1/embeddings", json={"model": "dense", "input": ["a", "b"]}).json()
     assert ([["a", "b"]], [[0.0, 1.0], [0.0, 1.0]]) == (seen, [d["embedding"] for d in answer["data"]])
+
+
+def test_an_invalid_input_from_the_batcher_is_a_400() -> None:
+    """InvalidInputError (a bad item caught before batching) answers 400, not 500."""
+    import asyncio
+
+    from lazyenc import InvalidInputError
+    from lazyenc._server_handlers import ApiError, call
+
+    def bad() -> None:
+        raise InvalidInputError("dense", "inputs[1]", "must be a str, got int 42")
+
+    mgr = manager_with({"dense": FakeModel()})
+    with pytest.raises(ApiError) as info:
+        asyncio.run(call(mgr["dense"], bad))
+    assert (400, "invalid_request_error") == (info.value.status, info.value.type)
+    assert "inputs[1] must be a str" in str(info.value)
