@@ -343,19 +343,24 @@ def orphan_after_fork(model: Any) -> None:
 
 # -- host integration --------------------------------------------------------------
 def lifespan(
-    manager: EncoderManager, *, warmup: bool = False
+    manager: EncoderManager, *, warmup: bool = False, close_manager: bool = True
 ) -> Callable[[Any], AbstractAsyncContextManager[None]]:
-    """A Starlette/FastAPI ``lifespan=`` that (optionally warms up and) closes ``manager``."""
+    """A Starlette/FastAPI ``lifespan=`` that (optionally) warms up, then closes ``manager``.
+
+    Public as ``lazyenc.admin.lifespan``. Warm-up and close run in a thread: both
+    wait on builds and calls, which must not block the event loop.
+    """
 
     @asynccontextmanager
     async def _lifespan(app: Any) -> AsyncIterator[None]:
-        if warmup:
-            import asyncio
+        import asyncio
 
-            await asyncio.get_running_loop().run_in_executor(None, manager.warmup)
+        if warmup:
+            await asyncio.to_thread(manager.warmup)
         try:
             yield
         finally:
-            manager.close()
+            if close_manager:
+                await asyncio.to_thread(manager.close)
 
     return _lifespan

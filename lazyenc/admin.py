@@ -23,14 +23,14 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._admin_html import render_page
 from ._admin_metrics import metrics_registry
 from ._exceptions import LazyEncError, UnknownEncoderError
 from ._manager import EncoderManager
+from ._memory import lifespan
 from ._process import human_bytes, rss_bytes, torch_imported, uptime_s
 
 if TYPE_CHECKING:
@@ -400,25 +400,6 @@ def routes(
         refresh_s=refresh_s,
     )
     return panel.routes()
-
-
-def lifespan(
-    manager: EncoderManager, *, close_manager: bool = True
-) -> Callable[[Any], AbstractAsyncContextManager[None]]:
-    """A Starlette/FastAPI lifespan that closes ``manager`` on shutdown (unless ``close_manager=False``)."""
-
-    @asynccontextmanager
-    async def _lifespan(app: Any) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            if close_manager:
-                from starlette.concurrency import run_in_threadpool
-
-                # close() waits for a running build or call: off the event loop.
-                await run_in_threadpool(manager.close)
-
-    return _lifespan
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

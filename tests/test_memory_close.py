@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from lazyenc import EncoderClosedError, EncoderManager
-from lazyenc._memory import lifespan, malloc_trim
+from lazyenc._memory import malloc_trim
+from lazyenc.admin import lifespan
 from lazyenc.testing import FakeLoader, make_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +77,7 @@ print("running:", sorted(t.name for t in threading.enumerate()))
 
 
 def test_lifespan_closes_the_manager_when_the_host_stops() -> None:
-    """lazyenc._memory.lifespan(mgr) is a Starlette lifespan: the manager is closed on exit."""
+    """lazyenc.admin.lifespan(mgr, warmup=True) is a Starlette lifespan: the manager is closed on exit."""
     mgr = EncoderManager(make_settings({"a": "dense"}), loaders={"dense": FakeLoader()})
 
     async def host() -> tuple[bool, str]:
