@@ -219,7 +219,12 @@ class RemoteProxy(EncoderProxy):
         info = self._info
         if info is not None and time.monotonic() - self._info_at < STATUS_TTL_S:
             return info
-        # Another thread is already asking: wait a little, never for long.
+        if info is not None:
+            # Stale: answer with what we know and ask again in the background, so a
+            # status surface (the admin panel's event loop) never waits on the network.
+            self._refresh_in_background()
+            return info
+        # The first read asks the server itself; another thread already asking: wait a little.
         if not self._info_lock.acquire(timeout=STATUS_TIMEOUT_S + 0.5):
             return info or _Info("unavailable", f"waiting for the server at {self.url} to answer")
         try:
@@ -230,6 +235,19 @@ class RemoteProxy(EncoderProxy):
             return info
         finally:
             self._info_lock.release()
+
+    def _refresh_in_background(self) -> None:
+        if not self._info_lock.acquire(blocking=False):
+            return  # a refresh is already under way
+
+        def refresh() -> None:
+            try:
+                info = self._fetch_info(timeout=min(STATUS_TIMEOUT_S, self.settings.timeout_s))
+                self._info, self._info_at = info, time.monotonic()
+            finally:
+                self._info_lock.release()
+
+        threading.Thread(target=refresh, name=f"lazyenc-remote-status-{self.name}", daemon=True).start()
 
     def _fetch_info(self, *, timeout: float, retry: bool = False) -> _Info:
         import httpx

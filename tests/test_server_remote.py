@@ -91,3 +91,28 @@ def test_decode_works_locally_on_remote_sparse_rows() -> None:
         assert [[("b", 2.0)], [("b", 2.0)]] == proxy.decode([row, row], top_k=1)
         with pytest.raises(TypeError, match="indices"):
             proxy.decode([0.0, 1.0])
+
+
+def test_a_stale_status_answers_at_once_and_refreshes_in_the_background(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past its cache time, status() returns the last answer while a thread asks a server that hangs."""
+    import threading
+
+    from lazyenc import _remote
+    from lazyenc._remote import _Info
+
+    monkeypatch.setattr(_remote, "STATUS_TIMEOUT_S", 5.0)  # the silent server holds the refresh that long
+
+    with socket.socket() as listener:  # accepts connections, never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with remote_manager(url) as mgr:
+            proxy = mgr["r"]
+            proxy._info, proxy._info_at = _Info("loaded", kind="dense", dimension=384), 0.0  # long stale
+            assert ("loaded", 384) == (proxy.state, proxy.status().dimension)
+            refreshing = [t for t in threading.enumerate() if t.name == "lazyenc-remote-status-r"]
+            assert 1 == len(refreshing)  # still waiting on the silent server: status() did not
+            refreshing[0].join(30)  # a guard against a hang, not a timing check
+            assert "unavailable" == proxy.state
