@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from lazyenc import EncoderManager, MemoryBudgetError
 from lazyenc.testing import FakeLoader, FakeModel, make_settings
+from tests._polling import wait_for
 
 MIB = 2**20
 
@@ -19,16 +19,6 @@ class Payload(FakeModel):
     def __init__(self, size: int) -> None:
         super().__init__()
         self.payload = b"\x01" * size  # written, so resident
-
-
-def wait_for(predicate, *, timeout: float = 60.0) -> bool:
-    """Poll ``predicate`` until it holds or a generous deadline passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def test_max_loaded_evicts_the_least_recently_used_encoder() -> None:

@@ -11,18 +11,9 @@ import pytest
 
 from lazyenc import EncoderManager, parse_config
 from lazyenc.testing import FakeLoader, FakeModel, make_settings
+from tests._polling import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_for(predicate, *, timeout: float = 60.0) -> bool:
-    """Poll ``predicate`` until it holds or a generous deadline passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def reaper_threads() -> list[threading.Thread]:
