@@ -4,7 +4,8 @@
 
 1. Fresh processes: bare `python -c pass` against `import lazyenc` + manager
    init from TOML + status(), lazily and with lazy_encoders = false (eager).
-   Wall time is spawn-to-exit (median of runs); RSS is the child's peak.
+   Wall time is spawn-to-exit (median of runs, the variants interleaved);
+   RSS is the child's peak.
    Bytecode is written and warmed first (PYTHONDONTWRITEBYTECODE is dropped
    for the children): an installed package has its .pyc files, and compiling
    the sources anew on every start is not what users pay.
@@ -31,13 +32,33 @@ def run(code: str, env: dict[str, str], runs: int) -> tuple[float, float]:
     """Median wall seconds and median peak RSS bytes of `python -c code`."""
     times, rss = [], []
     for _ in range(runs):
-        started = time.perf_counter()
-        out = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        )
-        times.append(time.perf_counter() - started)
-        rss.append(int(out.stdout.strip().splitlines()[-1]))
+        t, r = spawn(code, env)
+        times.append(t)
+        rss.append(r)
     return statistics.median(times), statistics.median(rss)
+
+
+def spawn(code: str, env: dict[str, str]) -> tuple[float, int]:
+    """Wall seconds (spawn to exit) and peak RSS bytes of one `python -c code`."""
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return time.perf_counter() - started, int(out.stdout.strip().splitlines()[-1])
+
+
+def side_by_side(codes: dict[str, str], env: dict[str, str], runs: int) -> dict[str, tuple[float, float]]:
+    """Median (seconds, peak RSS) of each code, the runs interleaved: A B C A B C ...
+
+    This machine's speed drifts by 10 to 30 % over tens of seconds; interleaving
+    gives every variant the same share of slow and fast moments.
+    """
+    samples: dict[str, list[tuple[float, int]]] = {name: [] for name in codes}
+    for _ in range(runs):
+        for name, code in codes.items():
+            samples[name].append(spawn(code, env))
+    return {
+        name: (statistics.median(t for t, _ in got), statistics.median(r for _, r in got))
+        for name, got in samples.items()
+    }
 
 
 def per_call_overhead(*, batch: bool, rounds: int = 5, number: int = 200_000) -> tuple[float, float]:
@@ -81,8 +102,9 @@ def main() -> None:
     n_enc = len(__import__("tomllib").loads(Path(args.config).read_text())["encoders"])
 
     run(init, env, 1)  # writes lazyenc's .pyc files
-    bare_t, bare_rss = run(f"pass; {PEAK}", env, args.runs)
-    lazy_t, lazy_rss = run(init, env, args.runs)
+    stdlib = f"import dataclasses, typing, json, threading, importlib.util, tomllib; {PEAK}"
+    measured = side_by_side({"bare": f"pass; {PEAK}", "lazy": init, "stdlib": stdlib}, env, args.runs)
+    (bare_t, bare_rss), (lazy_t, lazy_rss) = measured["bare"], measured["lazy"]
     eager_t, eager_rss = run(init, dict(env, LAZYENC_LAZY_ENCODERS="0"), max(1, args.runs // 5))
 
     mib = 2**20
@@ -101,12 +123,11 @@ def main() -> None:
     )
     goal_t, goal_m = (lazy_t - bare_t) * 1e3 <= 50, (lazy_rss - bare_rss) / mib <= 15
     print(f"goal init within 50 ms and 15 MiB of bare python: {'met' if goal_t and goal_m else 'NOT met'}")
-    stdlib_t, _ = run(
-        f"import dataclasses, typing, json, threading, importlib.util, tomllib; {PEAK}", env, args.runs
-    )
+    stdlib_t = measured["stdlib"][0]
     print(
         f"of which the standard-library modules lazyenc needs (dataclasses, typing, json, threading, "
-        f"importlib.util, tomllib) alone: {(stdlib_t - bare_t) * 1e3:.1f} ms"
+        f"importlib.util, tomllib) alone: {(stdlib_t - bare_t) * 1e3:.1f} ms; "
+        f"lazyenc's own modules, the TOML parse and the probes: {(lazy_t - stdlib_t) * 1e3:.1f} ms"
     )
 
     direct, proxied = per_call_overhead(batch=False)

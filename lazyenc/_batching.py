@@ -25,7 +25,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._config import BatchSettings
@@ -91,26 +90,40 @@ class _Unbatchable(Exception):
     """Internal: this call takes the plain serialised path."""
 
 
-@dataclass(frozen=True, eq=False)
+# Plain slotted classes, not dataclasses: these are internal records, and each
+# dataclass costs about a millisecond of `import lazyenc` (issue 2's init budget).
 class Plan:
     """One validated call: what to run, which batch it may join, how to finish it."""
 
-    method: str
-    key: Hashable
-    items: list[Any]
-    singular: bool
-    kwargs: Mapping[str, Any]
-    finish: Callable[[Any], Any] | None = None
+    __slots__ = ("method", "key", "items", "singular", "kwargs", "finish")
+
+    def __init__(
+        self,
+        method: str,
+        key: Hashable,
+        items: list[Any],
+        singular: bool,
+        kwargs: Mapping[str, Any],
+        finish: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.method = method
+        self.key = key
+        self.items = items
+        self.singular = singular
+        self.kwargs = kwargs
+        self.finish = finish
 
     def result(self, rows: Any) -> Any:
         return rows if self.finish is None else self.finish(rows)
 
 
-@dataclass(eq=False)
 class _Request:
-    plan: Plan
-    future: Future[Any]
-    enqueued: float
+    __slots__ = ("plan", "future", "enqueued")
+
+    def __init__(self, plan: Plan, future: Future[Any], enqueued: float) -> None:
+        self.plan = plan
+        self.future = future
+        self.enqueued = enqueued
 
 
 # -- planning: validate inputs and build the batch key, in the caller's thread ------

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._exceptions import ConfigError, did_you_mean
+from ._value import Value
 
 __all__ = [
     "KINDS",
@@ -65,8 +66,8 @@ class FrozenMap(Mapping[str, Any]):
         return (FrozenMap, (self._data,))
 
 
-@dataclass(frozen=True)
-class BatchSettings:
+@dataclass(frozen=True, repr=False, eq=False)
+class BatchSettings(Value):
     """How concurrent calls to one encoder are coalesced."""
 
     enabled: bool = True
@@ -77,16 +78,16 @@ class BatchSettings:
     model_batch_size: int | None = None
 
 
-@dataclass(frozen=True)
-class ExpectSettings:
+@dataclass(frozen=True, repr=False, eq=False)
+class ExpectSettings(Value):
     """An identity pin: what the built model must report."""
 
     dimension: int | None = None
     revision: str | None = None
 
 
-@dataclass(frozen=True)
-class HardwareSettings:
+@dataclass(frozen=True, repr=False, eq=False)
+class HardwareSettings(Value):
     """The ``[hardware]`` table."""
 
     lazy_encoders: bool = True
@@ -96,8 +97,8 @@ class HardwareSettings:
     memory_budget_mb: float | None = None
 
 
-@dataclass(frozen=True)
-class EncoderSettings:
+@dataclass(frozen=True, repr=False, eq=False)
+class EncoderSettings(Value):
     """One ``[encoders.NAME]`` table."""
 
     name: str
@@ -115,8 +116,8 @@ class EncoderSettings:
     base_dir: str = "."
 
 
-@dataclass(frozen=True)
-class AdminSettings:
+@dataclass(frozen=True, repr=False, eq=False)
+class AdminSettings(Value):
     """The ``[admin]`` table."""
 
     host: str = "127.0.0.1"
@@ -125,8 +126,8 @@ class AdminSettings:
     protect_reads: bool = False
 
 
-@dataclass(frozen=True)
-class ServerSettings:
+@dataclass(frozen=True, repr=False, eq=False)
+class ServerSettings(Value):
     """The ``[server]`` table."""
 
     host: str = "127.0.0.1"
@@ -136,8 +137,8 @@ class ServerSettings:
     max_inputs: int = 2048
 
 
-@dataclass(frozen=True)
-class Settings:
+@dataclass(frozen=True, repr=False, eq=False)
+class Settings(Value):
     """The whole configuration."""
 
     hardware: HardwareSettings = HardwareSettings()

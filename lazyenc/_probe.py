@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._value import Value
+
 __all__ = ["Probe", "find_library", "hf_cache_dir", "model_metadata", "resolve_model"]
 
 # Weight files that the loaders actually read; ONNX and OpenVINO exports are skipped.
@@ -22,8 +24,8 @@ _SKIP_DIRS = {"onnx", "openvino", ".git", "__pycache__"}
 _TRUTHY = {"1", "true", "yes", "on"}
 
 
-@dataclass(frozen=True)
-class Probe:
+@dataclass(frozen=True, repr=False, eq=False)
+class Probe(Value):
     """What a probe found, all read from disk without loading anything."""
 
     available: bool

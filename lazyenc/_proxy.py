@@ -34,6 +34,7 @@ from ._log import log
 from ._memory import Lifecycle, orphan_after_fork, pin_mismatch, release_memory
 from ._probe import Probe
 from ._process import rss_bytes
+from ._value import Value
 
 __all__ = [
     "STATES",
@@ -52,8 +53,8 @@ State = Literal["unavailable", "idle", "loading", "loaded", "disabled"]
 STATES: tuple[State, ...] = ("unavailable", "idle", "loading", "loaded", "disabled")
 
 
-@dataclasses.dataclass(frozen=True)
-class ComponentStatus:
+@dataclasses.dataclass(frozen=True, repr=False, eq=False)
+class ComponentStatus(Value):
     """A snapshot of one encoder, taken without loading anything."""
 
     name: str
