@@ -172,7 +172,7 @@ class EncoderProxy:
 
     @property
     def reason(self) -> str:
-        """Why the encoder is unavailable or disabled; '' otherwise."""
+        """Why the encoder is unavailable or disabled, or why its last build was refused; else ''."""
         return self._reason
 
     @property
@@ -292,9 +292,12 @@ class EncoderProxy:
             self._loading_since = time.monotonic()
             try:
                 self._lifecycle.admit(self, self._estimated_bytes())
-            except BaseException:
+            except BaseException as exc:
                 self._state = previous  # over budget: not a failure of the encoder
                 self._loading_since = None
+                if previous == "idle":
+                    # Shown by status() and the panel, where a background load has no caller.
+                    self._reason = f"last build refused: {exc}"
                 raise
             try:
                 model = self._build_admitted()
@@ -327,6 +330,7 @@ class EncoderProxy:
         self._touched = time.monotonic()
         self._model = model
         self._state = "loaded"
+        self._reason = ""
         self._loading_since = None
         log.info("built %s (%s) on %s in %.2f s", self.name, self.kind, device, self._load_seconds)
         return model

@@ -165,6 +165,25 @@ def test_load_of_a_disabled_encoder_answers_409_with_the_reason_and_reset_clears
     assert 2 == loader.builds
 
 
+def test_a_background_load_refused_by_the_memory_budget_shows_why_on_the_panel() -> None:
+    """POST load answers 202; the build is refused for the budget; the component stays idle with the reason."""
+    kinds = {"dense": "dense"}
+    settings = dataclasses.replace(
+        make_settings(kinds, memory_budget_mb=1), admin=AdminSettings(token_env=TOKEN_ENV)
+    )
+    loader = FakeLoader(weight_bytes=10 * 2**20)
+    with EncoderManager(settings, loaders={"dense": loader}) as mgr:
+        with TestClient(create_app(mgr, environ=ENVIRON)) as client:
+            assert 202 == client.post("/admin/components/dense/load", headers=AUTH).status_code
+            wait_for(lambda: mgr["dense"].reason != "", what="the refused background build")
+            component = client.get("/admin/components").json()["components"][0]
+            page = client.get("/admin").text
+    assert ("idle", 0) == (component["state"], loader.builds)
+    assert component["reason"].startswith("last build refused: ")
+    assert "memory_budget_mb = 1" in component["reason"]
+    assert "last build refused" in page
+
+
 def test_load_of_an_unavailable_encoder_answers_409() -> None:
     """An encoder whose probe failed cannot be loaded from the panel; the reason is given."""
     mgr = manager({"spacy": FakeLoader(available=False, reason="spaCy is not installed")})

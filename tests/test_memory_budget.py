@@ -44,12 +44,29 @@ def test_a_budget_too_small_raises_and_does_not_disable_the_encoder() -> None:
         message = str(info.value)
         assert "'big' needs about 10 MiB" in message
         assert "memory_budget_mb = 1" in message
-        assert (10 * MIB, "idle", "", 0) == (
-            info.value.needed_bytes,
-            mgr["big"].state,
-            mgr["big"].reason,
-            loader.builds,
-        )
+        assert (10 * MIB, "idle", 0) == (info.value.needed_bytes, mgr["big"].state, loader.builds)
+        # The refusal stays visible (a panel's background load has no caller to raise to).
+        status = mgr.status()[0]
+        assert status.reason == mgr["big"].reason == f"last build refused: {message}"
+
+
+def test_a_refused_build_keeps_its_reason_until_a_build_succeeds() -> None:
+    """Once room is made, the next build succeeds and the refusal's reason is cleared."""
+    gate = threading.Event()
+    busy = FakeModel(gate=gate)
+    settings = make_settings({"a": "dense", "b": "rerank"}, max_loaded=1)
+    loaders = {"dense": FakeLoader(model_factory=lambda: busy), "rerank": FakeLoader()}
+    with EncoderManager(settings, loaders=loaders) as mgr:
+        worker = threading.Thread(target=mgr["a"].encode, args=(["slow"],))
+        worker.start()
+        assert wait_for(lambda: busy.calls == 1)
+        with pytest.raises(MemoryBudgetError):
+            mgr["b"].predict([("q", "d")])
+        assert mgr["b"].reason.startswith("last build refused: ")
+        gate.set()
+        worker.join()
+        mgr["b"].predict([("q", "d")])
+        assert ("idle", "loaded", "") == (mgr["a"].state, mgr["b"].state, mgr["b"].reason)
 
 
 def test_an_encoder_in_use_is_never_evicted() -> None:
