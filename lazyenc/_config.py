@@ -95,6 +95,7 @@ class HardwareSettings(Value):
     idle_unload_s: float = 0.0
     max_loaded: int | None = None
     memory_budget_mb: float | None = None
+    malloc_arena_max: int | None = None
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -200,6 +201,7 @@ _HARDWARE: _Spec = {
     "idle_unload_s": _NUM,
     "max_loaded": _INT,
     "memory_budget_mb": _NUM,
+    "malloc_arena_max": _INT,
 }
 _ENCODER: _Spec = {
     "kind": _STR,
@@ -281,6 +283,7 @@ class _Parser:
         self.positive("hardware.idle_unload_s", hw.get("idle_unload_s"))
         self.positive("hardware.max_loaded", hw.get("max_loaded"), zero_ok=False)
         self.positive("hardware.memory_budget_mb", hw.get("memory_budget_mb"), zero_ok=False)
+        self.positive("hardware.malloc_arena_max", hw.get("malloc_arena_max"), zero_ok=False)
         if LAZY_ENV in environ:
             raw = environ[LAZY_ENV].strip().lower()
             if raw not in _TRUE | _FALSE:

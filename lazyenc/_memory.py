@@ -61,8 +61,8 @@ _libc: Any = None
 _libc_tried = False
 
 
-def malloc_trim() -> bool:
-    """Ask glibc to return free heap pages to the OS; False where there is no glibc."""
+def _glibc() -> Any:
+    """glibc through ctypes, or None (not Linux, musl, a libc without these functions)."""
     global _libc, _libc_tried
     if not _libc_tried:
         _libc_tried = True
@@ -73,12 +73,41 @@ def malloc_trim() -> bool:
                 _libc = ctypes.CDLL("libc.so.6")
                 _libc.malloc_trim.argtypes = [ctypes.c_size_t]
                 _libc.malloc_trim.restype = ctypes.c_int
-            except (OSError, AttributeError):  # musl, or a libc without malloc_trim
+                _libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+                _libc.mallopt.restype = ctypes.c_int
+            except (OSError, AttributeError):
                 _libc = None
-    if _libc is None:
+    return _libc
+
+
+def malloc_trim() -> bool:
+    """Ask glibc to return free heap pages to the OS; False where there is no glibc."""
+    libc = _glibc()
+    if libc is None:
         return False
-    _libc.malloc_trim(0)
+    libc.malloc_trim(0)
     return True
+
+
+_M_ARENA_MAX = -8  # from glibc's malloc.h
+
+
+def limit_malloc_arenas(limit: int) -> bool:
+    """``mallopt(M_ARENA_MAX, limit)``: threads created from now on share at most ``limit`` heaps.
+
+    glibc gives each new thread its own heap ("arena"). A batch worker thread's
+    heap keeps handing the activations' pages back to the kernel and faulting
+    them in again on the next batch: here 2.4x the page faults of the same
+    forward pass in the main thread, and 7 % slower (docs/batching.md). With one
+    arena the worker reuses the main heap's pages. It is process-wide and only
+    affects threads that allocate for the first time afterwards, so it is an
+    operator's choice (``[hardware] malloc_arena_max``), applied before the
+    first build. False where there is no glibc.
+    """
+    libc = _glibc()
+    if libc is None:
+        return False
+    return bool(libc.mallopt(_M_ARENA_MAX, limit))
 
 
 def release_memory(*, cuda: bool = False, trim: bool = True) -> None:
@@ -136,6 +165,7 @@ class Lifecycle:
         self._proxies: weakref.WeakSet[EncoderProxy] = weakref.WeakSet()
         self._fresh_locks()
         self._closed = False
+        self.malloc_arenas_limited = False
         _LIVE_LIFECYCLES.add(self)
 
     def _fresh_locks(self) -> None:
@@ -161,6 +191,17 @@ class Lifecycle:
         mb = self.hardware.memory_budget_mb
         return None if mb is None else int(mb * 2**20)
 
+    def before_build(self) -> None:
+        """Called before every build; the first applies ``malloc_arena_max``.
+
+        Before the first build, so that the threads it starts (torch's thread
+        pool, then the batch worker) share the heaps; not at init, which stays
+        free of ctypes.
+        """
+        arenas = self.hardware.malloc_arena_max
+        if arenas is not None and not self.malloc_arenas_limited:
+            self.malloc_arenas_limited = limit_malloc_arenas(arenas)
+
     def snapshot(self) -> dict[str, Any]:
         """The budget and what the loaded encoders are estimated to hold; never waits."""
         loaded = [p for p in list(self._proxies) if p.loaded]
@@ -170,6 +211,7 @@ class Lifecycle:
             "loaded": sorted(p.name for p in loaded),
             "estimated_bytes": sum(p._estimated_bytes() for p in loaded),
             "reaper_running": self._thread is not None,
+            "malloc_arena_max": self.hardware.malloc_arena_max if self.malloc_arenas_limited else None,
         }
 
     # -- idle reaper ---------------------------------------------------------------

@@ -291,6 +291,7 @@ class EncoderProxy:
             self._state = "loading"
             self._loading_since = time.monotonic()
             try:
+                self._lifecycle.before_build()
                 self._lifecycle.admit(self, self._estimated_bytes())
             except BaseException as exc:
                 self._state = previous  # over budget: not a failure of the encoder

@@ -38,6 +38,8 @@ def test_defaults_apply_when_tables_are_absent(write_toml) -> None:  # type: ign
         ("[hardware]\nlazy_encoders = 'yes'\n", "hardware.lazy_encoders", "must be true or false"),
         ("[hardware]\ndevice = 'gpu'\n", "hardware.device", "valid: auto, cpu, cuda, cuda:N, mps"),
         ("[hardware]\nmax_loaded = 0\n", "hardware.max_loaded", "must be > 0"),
+        ("[hardware]\nmalloc_arena_max = 0\n", "hardware.malloc_arena_max", "must be > 0"),
+        ("[hardware]\nmalloc_arena_max = 1.5\n", "hardware.malloc_arena_max", "must be an integer"),
         ("[hardware]\nidle_unload_s = true\n", "hardware.idle_unload_s", "must be a number"),
         ("[encoders.a]\nkind = 'dense'\n", "encoders.a.model", "is required"),
         ("[encoders.a]\nmodel = 'x'\n", "encoders.a.kind", "is required"),

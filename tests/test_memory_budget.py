@@ -171,6 +171,7 @@ def test_manager_memory_reports_budget_and_estimates_without_loading() -> None:
             "loaded": [],
             "estimated_bytes": 0,
             "reaper_running": False,
+            "malloc_arena_max": None,
         } == mgr.memory()
         mgr["b"].encode(["x"])
         assert (["b"], "idle") == (mgr.memory()["loaded"], mgr["a"].state)
