@@ -97,8 +97,8 @@ def limit_malloc_arenas(limit: int) -> bool:
 
     glibc gives each new thread its own heap ("arena"). A batch worker thread's
     heap keeps handing the activations' pages back to the kernel and faulting
-    them in again on the next batch: here 2.4x the page faults of the same
-    forward pass in the main thread, and 7 % slower (docs/batching.md). With one
+    them in again on the next batch: here 2.4 to 7 times the page faults of the
+    same forward pass in the main thread, and 6 to 8 % slower (docs/batching.md). With one
     arena the worker reuses the main heap's pages. It is process-wide and only
     affects threads that allocate for the first time afterwards, so it is an
     operator's choice (``[hardware] malloc_arena_max``), applied before the

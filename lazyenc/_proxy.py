@@ -28,7 +28,12 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from . import _batching
 from ._config import EncoderSettings, HardwareSettings
-from ._exceptions import EncoderClosedError, EncoderLoadError, EncoderUnavailableError
+from ._exceptions import (
+    EncoderClosedError,
+    EncoderLoadError,
+    EncoderUnavailableError,
+    MemoryBudgetError,
+)
 from ._loaders import Loader, resolve_device
 from ._log import log
 from ._memory import Lifecycle, orphan_after_fork, pin_mismatch, release_memory
@@ -290,13 +295,13 @@ class EncoderProxy:
             previous = self._state
             self._state = "loading"
             self._loading_since = time.monotonic()
+            self._lifecycle.before_build()
             try:
-                self._lifecycle.before_build()
                 self._lifecycle.admit(self, self._estimated_bytes())
             except BaseException as exc:
                 self._state = previous  # over budget: not a failure of the encoder
                 self._loading_since = None
-                if previous == "idle":
+                if previous == "idle" and isinstance(exc, MemoryBudgetError):
                     # Shown by status() and the panel, where a background load has no caller.
                     self._reason = f"last build refused: {exc}"
                 raise
