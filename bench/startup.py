@@ -64,8 +64,6 @@ def side_by_side(codes: dict[str, str], env: dict[str, str], runs: int) -> dict[
 def per_call_overhead(*, batch: bool, rounds: int = 5, number: int = 200_000) -> tuple[float, float]:
     """(direct µs, through-proxy µs) per call of a no-op encode, with or without the batcher."""
     sys.path.insert(0, str(ROOT))
-    import dataclasses
-
     from lazyenc import BatchSettings, EncoderManager
     from lazyenc.testing import FakeLoader, make_settings
 
@@ -76,8 +74,8 @@ def per_call_overhead(*, batch: bool, rounds: int = 5, number: int = 200_000) ->
     model = Noop()
     settings = make_settings({"noop": "dense"})
     if not batch:
-        enc = dataclasses.replace(settings.encoders[0], batch=BatchSettings(enabled=False))
-        settings = dataclasses.replace(settings, encoders=(enc,))
+        enc = settings.encoders[0].replace(batch=BatchSettings(enabled=False))
+        settings = settings.replace(encoders=(enc,))
     mgr = EncoderManager(settings, loaders={"noop": FakeLoader(model_factory=lambda: model)})
     proxy = mgr["noop"]
     proxy.load()

@@ -1,4 +1,4 @@
-"""TOML configuration, parsed once into frozen dataclasses.
+"""TOML configuration, parsed once into frozen value classes (``_value.Value``).
 
 Every error names the file and the key, and lists the valid choices.
 """
@@ -9,7 +9,6 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ._exceptions import ConfigError, did_you_mean
@@ -66,7 +65,6 @@ class FrozenMap(Mapping[str, Any]):
         return (FrozenMap, (self._data,))
 
 
-@dataclass(frozen=True, repr=False, eq=False)
 class BatchSettings(Value):
     """How concurrent calls to one encoder are coalesced."""
 
@@ -78,7 +76,6 @@ class BatchSettings(Value):
     model_batch_size: int | None = None
 
 
-@dataclass(frozen=True, repr=False, eq=False)
 class ExpectSettings(Value):
     """An identity pin: what the built model must report."""
 
@@ -86,7 +83,6 @@ class ExpectSettings(Value):
     revision: str | None = None
 
 
-@dataclass(frozen=True, repr=False, eq=False)
 class HardwareSettings(Value):
     """The ``[hardware]`` table."""
 
@@ -98,7 +94,6 @@ class HardwareSettings(Value):
     malloc_arena_max: int | None = None
 
 
-@dataclass(frozen=True, repr=False, eq=False)
 class EncoderSettings(Value):
     """One ``[encoders.NAME]`` table."""
 
@@ -106,7 +101,7 @@ class EncoderSettings(Value):
     kind: str
     model: str
     device: str | None = None
-    options: Mapping[str, Any] = field(default_factory=FrozenMap)
+    options: Mapping[str, Any] = FrozenMap()  # read-only, so one empty map can be shared
     batch: BatchSettings = BatchSettings()
     idle_unload_s: float | None = None
     expect: ExpectSettings = ExpectSettings()
@@ -117,7 +112,6 @@ class EncoderSettings(Value):
     base_dir: str = "."
 
 
-@dataclass(frozen=True, repr=False, eq=False)
 class AdminSettings(Value):
     """The ``[admin]`` table."""
 
@@ -127,7 +121,6 @@ class AdminSettings(Value):
     protect_reads: bool = False
 
 
-@dataclass(frozen=True, repr=False, eq=False)
 class ServerSettings(Value):
     """The ``[server]`` table."""
 
@@ -138,7 +131,6 @@ class ServerSettings(Value):
     max_inputs: int = 2048
 
 
-@dataclass(frozen=True, repr=False, eq=False)
 class Settings(Value):
     """The whole configuration."""
 

@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ._value import Value
@@ -24,7 +23,6 @@ _SKIP_DIRS = {"onnx", "openvino", ".git", "__pycache__"}
 _TRUTHY = {"1", "true", "yes", "on"}
 
 
-@dataclass(frozen=True, repr=False, eq=False)
 class Probe(Value):
     """What a probe found, all read from disk without loading anything."""
 

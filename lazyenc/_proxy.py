@@ -18,7 +18,6 @@ waits on the build lock, so a status page stays live during a long build.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -58,7 +57,6 @@ State = Literal["unavailable", "idle", "loading", "loaded", "disabled"]
 STATES: tuple[State, ...] = ("unavailable", "idle", "loading", "loaded", "disabled")
 
 
-@dataclasses.dataclass(frozen=True, repr=False, eq=False)
 class ComponentStatus(Value):
     """A snapshot of one encoder, taken without loading anything."""
 
@@ -86,10 +84,6 @@ class ComponentStatus(Value):
     batches_run: int = 0
     mean_batch_size: float | None = None
     queue_depth: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field."""
-        return dataclasses.asdict(self)
 
 
 @runtime_checkable

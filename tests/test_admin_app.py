@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import sys
 import threading
@@ -38,8 +37,7 @@ def manager(
     """A manager with dense/rerank/sparse/spacy encoders on fakes and an [admin] token_env."""
     loaders = loaders or {}
     kinds = {"dense": "dense", "rerank": "rerank", "sparse": "sparse", "spacy": "spacy"}
-    settings = dataclasses.replace(
-        make_settings(kinds),
+    settings = make_settings(kinds).replace(
         admin=AdminSettings(token_env=token_env, protect_reads=protect_reads),
     )
     return EncoderManager(settings, loaders={k: loaders.get(k) or FakeLoader() for k in kinds})
@@ -80,7 +78,7 @@ def test_components_lists_every_status_field_and_the_process() -> None:
     assert {"pid", "rss_bytes", "rss_human", "uptime_s", "torch_imported", "cuda"} == set(doc["process"])
     assert True is doc["lazy_encoders"]
     assert ["dense", "rerank", "sparse", "spacy"] == [c["name"] for c in doc["components"]]
-    fields = {f.name for f in dataclasses.fields(ComponentStatus)}
+    fields = set(ComponentStatus.field_names())
     assert {"loading_for_s", "rss_delta_bytes"} <= fields
     assert all(fields == set(c) for c in doc["components"])
     assert doc["process"]["rss_bytes"] > 0
@@ -168,9 +166,7 @@ def test_load_of_a_disabled_encoder_answers_409_with_the_reason_and_reset_clears
 def test_a_background_load_refused_by_the_memory_budget_shows_why_on_the_panel() -> None:
     """POST load answers 202; the build is refused for the budget; the component stays idle with the reason."""
     kinds = {"dense": "dense"}
-    settings = dataclasses.replace(
-        make_settings(kinds, memory_budget_mb=1), admin=AdminSettings(token_env=TOKEN_ENV)
-    )
+    settings = make_settings(kinds, memory_budget_mb=1).replace(admin=AdminSettings(token_env=TOKEN_ENV))
     loader = FakeLoader(weight_bytes=10 * 2**20)
     with EncoderManager(settings, loaders={"dense": loader}) as mgr:
         with TestClient(create_app(mgr, environ=ENVIRON)) as client:
@@ -454,7 +450,6 @@ def test_page_without_refresh_when_refresh_s_is_zero() -> None:
         assert 'http-equiv="refresh"' not in client.get("/admin").text
 
 
-@dataclasses.dataclass(frozen=True)
 class _StatusWithMore(ComponentStatus):
     future_field: float | None = None
 
@@ -466,9 +461,7 @@ def test_fields_other_issues_add_to_componentstatus_show_up_generically(
     mgr = manager()
     proxy = mgr["dense"]
     original = proxy.status
-    monkeypatch.setattr(
-        proxy, "status", lambda: _StatusWithMore(**dataclasses.asdict(original()), future_field=12.5)
-    )
+    monkeypatch.setattr(proxy, "status", lambda: _StatusWithMore(**original().as_dict(), future_field=12.5))
     with TestClient(create_app(mgr, environ=ENVIRON)) as client:
         doc = client.get("/admin/components").json()
         page = client.get("/admin").text

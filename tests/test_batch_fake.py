@@ -66,8 +66,8 @@ def gated(kind: str = "dense", **batch: Any) -> Gated:
     model = FakeModel(gate=gate)
     loader = FakeLoader(model_factory=lambda: model)
     settings = make_settings({"enc": kind})
-    enc = dataclasses.replace(settings.encoders[0], batch=BatchSettings(**batch))
-    manager = EncoderManager(dataclasses.replace(settings, encoders=(enc,)), loaders={"enc": loader})
+    enc = settings.encoders[0].replace(batch=BatchSettings(**batch))
+    manager = EncoderManager(settings.replace(encoders=(enc,)), loaders={"enc": loader})
     manager["enc"].load()
     return Gated(manager, model, gate, loader)
 
@@ -386,8 +386,8 @@ async def test_first_async_call_builds_off_the_event_loop() -> None:
 def test_batch_false_serves_calls_without_a_worker() -> None:
     """With batching off, calls take the serialised path and no thread starts."""
     settings = make_settings({"enc": "dense"})
-    enc = dataclasses.replace(settings.encoders[0], batch=BatchSettings(enabled=False))
-    manager = EncoderManager(dataclasses.replace(settings, encoders=(enc,)), loaders={"enc": FakeLoader()})
+    enc = settings.encoders[0].replace(batch=BatchSettings(enabled=False))
+    manager = EncoderManager(settings.replace(encoders=(enc,)), loaders={"enc": FakeLoader()})
     with manager:
         assert reference(["a", "b"]) == manager["enc"].encode(["a", "b"])
         assert reference("a") == asyncio.run(manager["enc"].aencode("a"))
@@ -525,8 +525,8 @@ async def test_a_full_batch_runs_without_waiting_out_max_wait() -> None:
 async def test_mixed_load_with_unloads_and_cancellations_answers_every_request() -> None:
     """Threads, tasks, cancellations and repeated unloads together: every request gets its own result."""
     settings = make_settings({"enc": "dense"})
-    enc = dataclasses.replace(settings.encoders[0], batch=BatchSettings(max_size=8, max_wait_ms=1))
-    manager = EncoderManager(dataclasses.replace(settings, encoders=(enc,)), loaders={"enc": FakeLoader()})
+    enc = settings.encoders[0].replace(batch=BatchSettings(max_size=8, max_wait_ms=1))
+    manager = EncoderManager(settings.replace(encoders=(enc,)), loaders={"enc": FakeLoader()})
     proxy = manager["enc"]
     mismatches: list[Any] = []
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -24,10 +23,9 @@ def manager_with(models: dict[str, FakeModel], *, kinds: dict[str, str] | None =
     """A manager whose encoders are the given fake models (dense unless ``kinds`` says otherwise)."""
     kinds = kinds or {}
     settings = make_settings({name: kinds.get(name, "dense") for name in models})
-    settings = dataclasses.replace(
-        settings,
-        encoders=tuple(dataclasses.replace(e, retry_after_s=3.0) for e in settings.encoders),
-        server=dataclasses.replace(settings.server, **server),
+    settings = settings.replace(
+        encoders=tuple(e.replace(retry_after_s=3.0) for e in settings.encoders),
+        server=settings.server.replace(**server),
     )
     loaders = {name: FakeLoader(model_factory=lambda m=model: m) for name, model in models.items()}
     return lazyenc.EncoderManager(settings, loaders=loaders)
