@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform
@@ -32,9 +32,14 @@ else:  # pragma: no cover
         return lambda cls: cls
 
 
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    # Only for mypy: at run time a string bound costs a compile() (about 1 ms).
+    _V = TypeVar("_V", bound="Value")
+
 __all__ = ["FrozenInstanceError", "Value"]
 
-_V = TypeVar("_V", bound="Value")
 _MISSING: Any = object()
 
 
