@@ -56,6 +56,9 @@ def test_defaults_apply_when_tables_are_absent(write_toml) -> None:  # type: ign
             "encoders.a.device",
             "unknown device",
         ),
+        # A trailing newline slipped through the old `$`-anchored regular expressions.
+        ('[hardware]\ndevice = "cpu\\n"\n', "hardware.device", "unknown device"),
+        ('[encoders."a\\n"]\nkind = "dense"\nmodel = "x"\n', "encoders.a\n", "an encoder name takes"),
         ("[encoders.a]\nkind = 'dense'\nmodel = 'pkg:a.b/m'\n", "encoders.a.model", "top-level package"),
         ("[encoders.a]\nkind = 'dense'\nmodel = 'x'\noptions = 1\n", "encoders.a.options", "must be a table"),
         ("[encoders.a]\nkind = 'dense'\nmodel = 'x'\nurl = 'http://h'\n", "encoders.a.url", "only applies"),
