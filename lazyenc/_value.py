@@ -104,7 +104,7 @@ class Value:
             )
         values = dict(zip(names, args, strict=False))  # fewer args than fields is fine
         for name, value in kwargs.items():
-            if name not in cls._defaults and name not in names:
+            if name not in names:
                 raise TypeError(f"{cls.__qualname__}() got an unexpected keyword argument {name!r}")
             if name in values:
                 raise TypeError(f"{cls.__qualname__}() got multiple values for argument {name!r}")
