@@ -133,6 +133,9 @@ def test_calls_racing_a_tiny_idle_timeout_all_get_results() -> None:
     results: list[object] = []
     lock = threading.Lock()
     with EncoderManager(make_settings({"a": "dense"}, idle_unload_s=0.001), loaders={"dense": loader}) as mgr:
+        # Every 10 calls all threads stop together until the reaper has unloaded, so unloads
+        # between calls happen however slow the machine is; in between, calls race the timer.
+        pause = threading.Barrier(8, action=lambda: wait_for(lambda: mgr["a"].state == "idle"))
 
         def work() -> None:
             for i in range(50):
@@ -142,8 +145,8 @@ def test_calls_racing_a_tiny_idle_timeout_all_get_results() -> None:
                     value = exc
                 with lock:
                     results.append(value)
-                if i % 5 == 0:
-                    time.sleep(0.005)  # let the timer expire now and then
+                if i % 10 == 9:
+                    pause.wait()
 
         threads = [threading.Thread(target=work) for _ in range(8)]
         for t in threads:
