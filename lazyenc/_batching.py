@@ -38,11 +38,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCHED_KINDS",
+    "CHUNK_OVERHEAD_CHARS",
     "MODEL_BATCH_SIZE",
     "Batcher",
     "Plan",
     "acall",
     "call",
+    "chunk_size",
     "in_thread",
     "make_batcher",
     "paused",
@@ -54,10 +56,15 @@ __all__ = [
 # Seconds a worker waits for work before it ends (the next request starts a new one).
 WORKER_IDLE_EXIT_S = 30.0
 BATCHED_KINDS = frozenset({"dense", "sparse", "rerank"})
-# The batch_size a coalesced call passes to the model when batch.model_batch_size is not set.
-# The model sorts by length and runs chunks of this size: on CPU, chunks of similar length pad
-# little, and SPLADE's [chunk, tokens, vocab] activations stay small (measured in bench/throughput.py).
-MODEL_BATCH_SIZE = {"dense": 16, "rerank": 16, "sparse": 8}
+# The batch_size a coalesced call passes to the model when batch.model_batch_size is not set: the
+# model sorts the texts by length and runs chunks of that size. SPLADE's [chunk, tokens, vocab]
+# activations make small chunks fastest, so sparse has a fixed size; dense and rerank pick one
+# per call (chunk_size), up to this many texts a chunk.
+MODEL_BATCH_SIZE = {"dense": 64, "rerank": 64, "sparse": 8}
+# What one more forward pass costs, in padded characters (texts x the chunk's longest): one more
+# chunk pays off when it saves more padding than this. MiniLM on this 2-core CPU: about 10 ms a
+# pass against 0.22 ms a token, some 45 tokens of 5 to 6 characters (docs/batching.md).
+CHUNK_OVERHEAD_CHARS = {"dense": 250, "rerank": 250}
 
 # Options that change nothing in the output; the worker picks its own batch size.
 _IGNORED = frozenset({"batch_size", "show_progress_bar"})
@@ -297,9 +304,31 @@ def _take(out: Any, rows: list[int], singular: bool) -> Any:
 
 
 def _length(item: Any) -> int:
+    # Characters, as sentence-transformers sorts (a fair proxy for tokens).
     if isinstance(item, str):
         return len(item)
     return sum(len(part) for part in item)
+
+
+def chunk_size(lengths: list[int], *, overhead: float, largest: int) -> int:
+    """The batch_size for one model call on texts of these lengths, sorted longest first.
+
+    The model runs uniform chunks of the sorted texts, each padded to its
+    longest; of the chunk sizes up to ``largest``, this picks the one whose
+    padded characters plus ``overhead`` per chunk are fewest. Mixed lengths
+    split into more chunks, similar lengths run in fewer.
+    """
+    n = len(lengths)
+    best, best_cost, tried = min(n, largest), float("inf"), 0
+    for chunks in range(-(-n // largest), n + 1):
+        size = -(-n // chunks)
+        if size == tried:
+            continue
+        tried = size
+        cost = sum(overhead + min(size, n - start) * lengths[start] for start in range(0, n, size))
+        if cost < best_cost:
+            best, best_cost = size, cost
+    return max(1, best)
 
 
 # -- the batcher -------------------------------------------------------------------------
@@ -310,6 +339,8 @@ class Batcher:
         self._proxy = proxy
         self.settings = settings
         self.model_batch_size = settings.model_batch_size or MODEL_BATCH_SIZE.get(proxy.kind, 32)
+        # A configured model_batch_size is used as it is; otherwise the kind may pick per call.
+        self._chunk_overhead = None if settings.model_batch_size else CHUNK_OVERHEAD_CHARS.get(proxy.kind)
         self.batches_run = 0
         self.items_run = 0
         self.requests_run = 0
@@ -577,6 +608,13 @@ class Batcher:
             except BaseException as exc:
                 request.future.set_exception(exc)
 
+    def batch_size_for(self, items: list[Any]) -> int:
+        """The batch_size a model call on ``items`` (sorted longest first) gets."""
+        if self._chunk_overhead is None:
+            return max(1, min(len(items), self.model_batch_size))
+        lengths = [_length(item) for item in items]
+        return chunk_size(lengths, overhead=self._chunk_overhead, largest=self.model_batch_size)
+
     def _forward(
         self, model: Any, method: str, items: list[Any], kwargs: Mapping[str, Any], requests: int
     ) -> Any:
@@ -586,7 +624,7 @@ class Batcher:
         try:
             return getattr(model, method)(
                 items,
-                batch_size=max(1, min(len(items), self.model_batch_size)),
+                batch_size=self.batch_size_for(items),
                 show_progress_bar=False,
                 **kwargs,
             )

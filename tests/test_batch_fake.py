@@ -473,6 +473,39 @@ async def test_coalesced_call_passes_the_model_batch_size(
         fixture.manager.close()
 
 
+@pytest.mark.parametrize(
+    ("lengths", "expected"),
+    [
+        ([50] * 32, 32),  # equal lengths: one chunk, no padding to save
+        ([120] * 8 + [30] * 8, 8),  # two length groups: one chunk each
+        ([35] * 2 + [30] * 30, 32),  # a little padding costs less than another pass
+        ([40] * 100, 50),  # never more than `largest` texts a chunk
+        ([7], 1),
+    ],
+)
+def test_chunk_size_splits_mixed_lengths_where_padding_costs_more_than_a_pass(
+    lengths: list[int], expected: int
+) -> None:
+    """A coalesced call's chunk size trades padding against one more forward pass."""
+    assert expected == _batching.chunk_size(lengths, overhead=250, largest=64)
+
+
+async def test_coalesced_call_of_mixed_lengths_runs_length_sorted_chunks() -> None:
+    """Dense texts of two length groups, queued together, reach the model as chunks of one group each."""
+    fixture = gated("dense")
+    try:
+        fixture.block_worker()
+        texts = ["x" * 120] * 8 + ["y" * 30] * 8
+        tasks = [asyncio.create_task(fixture.proxy.aencode(t)) for t in texts]
+        await queued(fixture.proxy, 16)
+        fixture.release()
+        assert [reference(t) for t in texts] == await asyncio.gather(*tasks)
+        assert 8 == fixture.model.seen_kwargs[1]["batch_size"]
+    finally:
+        fixture.gate.set()
+        fixture.manager.close()
+
+
 async def test_worker_bug_fails_queued_requests_instead_of_hanging(
     g: Gated, monkeypatch: pytest.MonkeyPatch
 ) -> None:
