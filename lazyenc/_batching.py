@@ -362,6 +362,8 @@ class Batcher:
         self._arrived_while_running = 0
         self._batch_running = False
         self._free_since = 0.0  # when the worker finished its last batch
+        # Requests to expect back once a batch is answered: its own, plus those queued while it ran.
+        self._expected = 0
 
     def __repr__(self) -> str:
         return f"<Batcher {self._proxy.name!r} queued={len(self._queue)} running={self.running}>"
@@ -548,6 +550,10 @@ class Batcher:
             while self._queue and not self._paused:
                 if self._pending.get(self._queue[0].plan.key, 0) >= max_size:
                     break
+                # Every caller of the last batch is back, and those who queued while it ran:
+                # nobody else is due, so waiting out the window would only delay them.
+                if len(self._queue) >= self._expected:
+                    break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -601,6 +607,8 @@ class Batcher:
             self.batches_run += 1
             self.items_run += len(items)
             self.requests_run += len(live)
+        with self._lock:  # before any caller of this batch can queue its next request
+            self._expected = len(live) + len(self._queue)
         for request, start in zip(live, starts, strict=True):
             rows = [position[start + k] for k in range(len(request.plan.items))]
             try:

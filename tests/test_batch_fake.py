@@ -555,6 +555,26 @@ async def test_a_full_batch_runs_without_waiting_out_max_wait() -> None:
         fixture.manager.close()
 
 
+async def test_the_next_batch_runs_once_every_caller_of_the_last_one_is_back() -> None:
+    """When the last batch's caller and those queued during it are all back, the batch runs at once."""
+    fixture = gated(max_wait_ms=3_600_000)
+    answers: list[Any] = []
+    repeat = threading.Thread(target=lambda: answers.extend(fixture.proxy.encode(f"r{i}") for i in range(2)))
+    try:
+        repeat.start()
+        assert fixture.model.entered.wait(timeout=30)  # its first call holds the worker
+        tasks = [asyncio.create_task(fixture.proxy.aencode(t)) for t in ("a", "b")]
+        await queued(fixture.proxy, 2)
+        fixture.gate.set()  # "r0" is answered, and "r1" joins "a" and "b"
+        assert [reference("a"), reference("b")] == await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        await asyncio.to_thread(repeat.join)
+        assert [reference("r0"), reference("r1")] == answers
+        assert [["r0"], ["a", "b", "r1"]] == [sorted(seen) for seen in fixture.model.seen]
+    finally:
+        fixture.gate.set()
+        fixture.manager.close()
+
+
 async def test_mixed_load_with_unloads_and_cancellations_answers_every_request() -> None:
     """Threads, tasks, cancellations and repeated unloads together: every request gets its own result."""
     settings = make_settings({"enc": "dense"})
