@@ -320,7 +320,7 @@ def chunk_size(lengths: list[int], *, overhead: float, largest: int) -> int:
     """
     n = len(lengths)
     best, best_cost, tried = min(n, largest), float("inf"), 0
-    for chunks in range(-(-n // largest), n + 1):
+    for chunks in range(max(1, -(-n // largest)), n + 1):
         size = -(-n // chunks)
         if size == tried:
             continue

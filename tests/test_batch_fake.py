@@ -481,6 +481,7 @@ async def test_coalesced_call_passes_the_model_batch_size(
         ([35] * 2 + [30] * 30, 32),  # a little padding costs less than another pass
         ([40] * 100, 50),  # never more than `largest` texts a chunk
         ([7], 1),
+        ([], 1),
     ],
 )
 def test_chunk_size_splits_mixed_lengths_where_padding_costs_more_than_a_pass(
