@@ -22,23 +22,27 @@ inputs, empty lists) take the plain serialised path, unchanged.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._config import BatchSettings
 from ._exceptions import InvalidInputError, OverloadedError
+from ._lanes import auto_parallel, limit_this_thread, replicate, torch_threads
 from ._log import log
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
+    from concurrent.futures import Future, ThreadPoolExecutor
 
     from ._proxy import EncoderProxy
 
 __all__ = [
     "BATCHED_KINDS",
     "CHUNK_OVERHEAD_CHARS",
+    "MIN_SPLIT_TEXTS",
     "MODEL_BATCH_SIZE",
     "Batcher",
     "Plan",
@@ -49,6 +53,7 @@ __all__ = [
     "make_batcher",
     "paused",
     "plan_call",
+    "split",
     "status_fields",
 ]
 
@@ -65,6 +70,14 @@ MODEL_BATCH_SIZE = {"dense": 64, "rerank": 64, "sparse": 8}
 # chunk pays off when it saves more padding than this. MiniLM on this 2-core CPU: about 10 ms a
 # pass against 0.22 ms a token, some 45 tokens of 5 to 6 characters (docs/batching.md).
 CHUNK_OVERHEAD_CHARS = {"dense": 250, "rerank": 250}
+# The same, for a part that runs on a lane of one torch thread (lazyenc._lanes), where a padded
+# character costs twice as much: MiniLM here, fitted over 1 to 16 texts of 4 to 20 words, takes
+# 9.2 ms a pass, 0.58 ms a text and 0.052 ms a padded character (docs/batching.md).
+LANE_PASS_CHARS = {"dense": 180, "rerank": 180}
+LANE_TEXT_CHARS = {"dense": 11, "rerank": 11}
+# A coalesced call of fewer texts runs whole: parts of 4 texts or so gain nothing from a core
+# each, while each part pays a whole forward pass (docs/batching.md#parallel-lanes).
+MIN_SPLIT_TEXTS = 12
 
 # Options that change nothing in the output; the worker picks its own batch size.
 _IGNORED = frozenset({"batch_size", "show_progress_bar"})
@@ -331,6 +344,57 @@ def chunk_size(lengths: list[int], *, overhead: float, largest: int) -> int:
     return max(1, best)
 
 
+def _part_cost(lengths: list[int], overhead: float, per_text: float, largest: int) -> tuple[float, int]:
+    """Cost and batch_size of one call on texts sorted longest first, in 1 to 4 uniform chunks."""
+    n = len(lengths)
+    best: tuple[float, int] = (float("inf"), max(1, min(n, largest)))
+    for chunks in range(max(1, -(-n // largest)), 5):
+        size = -(-n // chunks)
+        cost = sum(overhead + min(size, n - start) * lengths[start] for start in range(0, n, size))
+        best = min(best, (cost + per_text * n, size))
+    return best
+
+
+def split(
+    lengths: list[list[int]], *, parts: int, overhead: float, per_text: float, largest: int
+) -> tuple[list[int], list[int]]:
+    """Where to cut requests into ``parts`` calls that take about as long, and their batch sizes.
+
+    ``lengths`` holds each request's text lengths, the requests sorted by their
+    longest text, longest first. A call costs ``overhead`` per chunk (one
+    forward pass), ``per_text`` per text, and its padded characters; of two
+    parts, the cut with the cheapest slower part is taken. Returns the index
+    of the first request of every part after the first, and each part's
+    batch_size.
+    """
+
+    def cost(group: list[list[int]]) -> tuple[float, int]:
+        flat = sorted((n for texts in group for n in texts), reverse=True)
+        return _part_cost(flat, overhead, per_text, largest)
+
+    if parts == 2:
+        options = []
+        for cut in range(1, len(lengths)):
+            (head, head_size), (tail, tail_size) = cost(lengths[:cut]), cost(lengths[cut:])
+            options.append((max(head, tail), cut, head_size, tail_size))
+        _, cut, head_size, tail_size = min(options)
+        return [cut], [head_size, tail_size]
+    # More parts: equal shares of the summed cost, each part then chunked on its own.
+    weights = [sum(texts) + per_text * len(texts) for texts in lengths]
+    prefix = list(itertools.accumulate(weights))
+    cuts: list[int] = []
+    start = 1
+    for k in range(1, parts):
+        if start >= len(lengths):
+            break
+        target = prefix[-1] * k / parts
+        cut = min(range(start, len(lengths)), key=lambda j: abs(prefix[j - 1] - target))
+        cuts.append(cut)
+        start = cut + 1
+    bounds = [0, *cuts, len(lengths)]
+    return cuts, [cost(lengths[a:b])[1] for a, b in itertools.pairwise(bounds)]
+
+
 # -- the batcher -------------------------------------------------------------------------
 class Batcher:
     """The queue and worker thread of one encoder."""
@@ -344,6 +408,7 @@ class Batcher:
         self.batches_run = 0
         self.items_run = 0
         self.requests_run = 0
+        self.batches_split = 0
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -364,6 +429,13 @@ class Batcher:
         self._free_since = 0.0  # when the worker finished its last batch
         # Requests to expect back once a batch is answered: its own, plus those queued while it ran.
         self._expected = 0
+        # Parallel lanes (lazyenc._lanes), owned by the worker thread: their threads, and the
+        # replicas of the model they run on, made from the model `_replicas_of` names.
+        self._lanes: ThreadPoolExecutor | None = None
+        self._lane_shape = (0, 0)  # lanes, torch threads each
+        self._replicas: list[Any] = []
+        self._replicas_of: weakref.ref[Any] | None = None
+        self._parallel: tuple[weakref.ref[Any], int] | None = None
 
     def __repr__(self) -> str:
         return f"<Batcher {self._proxy.name!r} queued={len(self._queue)} running={self.running}>"
@@ -506,6 +578,9 @@ class Batcher:
         except BaseException as exc:  # a bug here must not leave callers waiting forever
             log.exception("batch worker of %s failed", self._proxy.name)
             with self._lock:
+                lanes = self._detach_lanes()
+                if lanes is not None:
+                    lanes.shutdown(wait=False)
                 orphans, self._queue = self._queue, []
                 self._pending.clear()
                 if self._thread is threading.current_thread():
@@ -516,6 +591,7 @@ class Batcher:
                     request.future.set_exception(exc)
 
     def _serve(self) -> None:
+        lanes: ThreadPoolExecutor | None = None
         while True:
             with self._lock:
                 if self._batch_running:
@@ -527,13 +603,18 @@ class Batcher:
                     if not self._has_work.wait(WORKER_IDLE_EXIT_S) and not self._queue:
                         self._retiring = True
                 if not self._queue:  # paused, retired or idle, and drained
+                    # Lanes end with their worker: no lane thread and no replica outlive an
+                    # unload (which joins this thread) or an idle exit.
+                    lanes = self._detach_lanes()
                     if self._thread is threading.current_thread():
                         self._thread = None
-                    return
+                    break
                 batch = self._collect()
                 self._has_room.notify_all()
             if batch:
                 self._run(batch)
+        if lanes is not None:
+            lanes.shutdown(wait=True)
 
     def _collect(self) -> list[_Request]:
         """Take one batch off the queue (lock held), waiting up to max_wait_ms to fill it."""
@@ -583,38 +664,152 @@ class Batcher:
         live = [r for r in batch if r.future.set_running_or_notify_cancel()]
         if not live:
             return
-        items: list[Any] = []
-        starts: list[int] = []
-        for request in live:
-            starts.append(len(items))
-            items.extend(request.plan.items)
-        order = sorted(range(len(items)), key=lambda i: -_length(items[i]))
-        position = [0] * len(items)
-        for pos, index in enumerate(order):
-            position[index] = pos
         plan = live[0].plan
+        parts = self._parts(live)
         try:
-            # Each request of the batch already counts as in flight (see call/acall).
-            out = self._proxy._invoke(
-                self._forward, plan.method, [items[i] for i in order], plan.kwargs, len(live)
-            )
-        except BaseException as exc:
-            # The model's own exception, unchanged, to every caller of this batch.
-            for request in live:
-                request.future.set_exception(exc)
-            return
+            outcomes: list[tuple[Any, BaseException | None]] = []
+            if len(parts) > 1:
+                try:
+                    outcomes = self._run_parts(parts, plan)
+                except Exception:  # lazyenc's own (no thread, no copy): the model's are in outcomes
+                    log.exception("encoder %r: parallel lanes failed; batches run whole", self._proxy.name)
+                    self._parallel = _whole(self._proxy._model)
+                    parts = [_Part(live)]
+            if not outcomes:
+                outcomes = [self._run_whole(parts[0], plan)]
         finally:
             self.batches_run += 1
-            self.items_run += len(items)
+            self.batches_split += len(parts) > 1
+            self.items_run += sum(len(part.items) for part in parts)
             self.requests_run += len(live)
         with self._lock:  # before any caller of this batch can queue its next request
             self._expected = len(live) + len(self._queue)
-        for request, start in zip(live, starts, strict=True):
-            rows = [position[start + k] for k in range(len(request.plan.items))]
+        for part, (out, exc) in zip(parts, outcomes, strict=True):
+            part.deliver(out, exc)
+
+    def _run_whole(self, part: _Part, plan: Plan) -> tuple[Any, BaseException | None]:
+        try:
+            # Each request of the batch already counts as in flight (see call/acall).
+            return self._proxy._invoke(
+                self._forward, plan.method, part.items, plan.kwargs, len(part.requests)
+            ), None
+        except BaseException as exc:
+            return None, exc  # the model's own exception, unchanged, to every caller
+
+    def _run_parts(self, parts: list[_Part], plan: Plan) -> list[tuple[Any, BaseException | None]]:
+        """Run the parts at once, the first on the model, the others on its replicas."""
+        proxy = self._proxy
+        model = proxy._model
+        lanes = self._lanes_for(len(parts))
+        replicas = self._replicas_for(model, len(parts) - 1)
+        # The model itself runs the first part: no unbatched call may use it meanwhile.
+        with proxy._call_lock:
+            futures = [
+                lanes.submit(self._call_model, copy, plan.method, part.items, plan.kwargs, part.batch_size)
+                for copy, part in zip((model, *replicas), parts, strict=True)
+            ]
+            del replicas
+            outcomes: list[tuple[Any, BaseException | None]] = []
+            for part, future in zip(parts, futures, strict=True):
+                exc = future.exception()
+                outcomes.append((None, exc) if exc is not None else (future.result(), None))
+                proxy._calls += len(part.requests)
+                proxy._errors += len(part.requests) if exc is not None else 0
+            proxy._last_used_at = time.time()
+        return outcomes
+
+    def _parts(self, live: list[_Request]) -> list[_Part]:
+        """The batch as the calls that run at once: one call unless it splits across lanes."""
+        texts = sum(len(request.plan.items) for request in live)
+        model = self._proxy._model
+        if len(live) < 2 or texts < MIN_SPLIT_TEXTS or model is None:
+            return [_Part(live)]
+        parts = self._parallel_for(model)
+        if parts < 2:
+            return [_Part(live)]
+        ranked = sorted(live, key=lambda r: -max(_length(item) for item in r.plan.items))
+        lengths = [[_length(item) for item in request.plan.items] for request in ranked]
+        kind = self._proxy.kind
+        if self._chunk_overhead is not None and kind in LANE_PASS_CHARS:
+            cuts, sizes = split(
+                lengths,
+                parts=parts,
+                overhead=LANE_PASS_CHARS[kind],
+                per_text=LANE_TEXT_CHARS[kind],
+                largest=self.model_batch_size,
+            )
+        else:  # a fixed chunk size: parts of about equal characters
+            cuts, _ = split(lengths, parts=parts, overhead=0, per_text=0, largest=texts)
+            sizes = []
+        bounds = [0, *cuts, len(ranked)]
+        groups = [ranked[start:end] for start, end in itertools.pairwise(bounds)]
+        return [_Part(group, *sizes[i : i + 1]) for i, group in enumerate(groups)]
+
+    def _parallel_for(self, model: Any) -> int:
+        """How many parts a batch on this model may run in (1 when lanes cannot be used)."""
+        known = self._parallel
+        if known is not None and known[0]() is model:
+            return known[1]
+        parts = self.settings.parallel
+        if parts is None:
+            parts = auto_parallel(model, self._proxy._device)
+        if parts > 1:
             try:
-                request.future.set_result(_take(out, rows, request.plan.singular))
-            except BaseException as exc:
-                request.future.set_exception(exc)
+                self._replicas_for(model, parts - 1)
+            except Exception as exc:
+                log.warning(
+                    "encoder %r: batch.parallel = %d needs copies of the model, which failed "
+                    "(%s: %s); its batches run whole",
+                    self._proxy.name,
+                    parts,
+                    type(exc).__name__,
+                    exc,
+                )
+                parts = 1
+        try:
+            self._parallel = (weakref.ref(model), parts)
+        except TypeError:  # a model without weak references: its replicas could outlive it
+            return 1
+        return parts
+
+    def _replicas_for(self, model: Any, count: int) -> list[Any]:
+        source = self._replicas_of
+        if source is None or source() is not model:
+            self._replicas = []
+            self._replicas_of = weakref.ref(model)
+        while len(self._replicas) < count:
+            self._replicas.append(replicate(model))
+        return self._replicas[:count]
+
+    def _lanes_for(self, parts: int) -> ThreadPoolExecutor:
+        # The worker's own torch threads, shared out among the lanes.
+        threads = max(1, torch_threads() // parts)
+        lanes = self._lanes
+        if lanes is None or self._lane_shape != (parts, threads):
+            from concurrent.futures import ThreadPoolExecutor
+
+            if lanes is not None:
+                lanes.shutdown(wait=True)
+            lanes = self._lanes = ThreadPoolExecutor(
+                max_workers=parts,
+                thread_name_prefix=f"lazyenc-lane-{self._proxy.name}",
+                initializer=limit_this_thread,
+                initargs=(threads,),
+            )
+            self._lane_shape = (parts, threads)
+        return lanes
+
+    def _detach_lanes(self) -> ThreadPoolExecutor | None:
+        """Forget the lanes and replicas (lock held); the lanes, for the caller to shut down."""
+        lanes, self._lanes = self._lanes, None
+        self.drop_replicas()
+        return lanes
+
+    def drop_replicas(self) -> None:
+        """Forget the model's replicas, so that unloading it returns its memory."""
+        self._replicas = []
+        self._replicas_of = None
+        self._parallel = None
 
     def batch_size_for(self, items: list[Any]) -> int:
         """The batch_size a model call on ``items`` (sorted longest first) gets."""
@@ -623,6 +818,17 @@ class Batcher:
         lengths = [_length(item) for item in items]
         return chunk_size(lengths, overhead=self._chunk_overhead, largest=self.model_batch_size)
 
+    def _call_model(
+        self,
+        model: Any,
+        method: str,
+        items: list[Any],
+        kwargs: Mapping[str, Any],
+        batch_size: int | None = None,
+    ) -> Any:
+        size = batch_size or self.batch_size_for(items)
+        return getattr(model, method)(items, batch_size=size, show_progress_bar=False, **kwargs)
+
     def _forward(
         self, model: Any, method: str, items: list[Any], kwargs: Mapping[str, Any], requests: int
     ) -> Any:
@@ -630,15 +836,49 @@ class Batcher:
         proxy = self._proxy
         proxy._calls += requests - 1
         try:
-            return getattr(model, method)(
-                items,
-                batch_size=self.batch_size_for(items),
-                show_progress_bar=False,
-                **kwargs,
-            )
+            return self._call_model(model, method, items, kwargs)
         except BaseException:
             proxy._errors += requests - 1
             raise
+
+
+class _Part:
+    """Requests that run as one model call: their texts sorted longest first, and where each went."""
+
+    __slots__ = ("requests", "items", "starts", "position", "batch_size")
+
+    def __init__(self, requests: list[_Request], batch_size: int | None = None) -> None:
+        self.batch_size = batch_size  # None: Batcher.batch_size_for(items)
+        items: list[Any] = []
+        self.starts: list[int] = []
+        for request in requests:
+            self.starts.append(len(items))
+            items.extend(request.plan.items)
+        order = sorted(range(len(items)), key=lambda i: -_length(items[i]))
+        self.position = [0] * len(items)
+        for pos, index in enumerate(order):
+            self.position[index] = pos
+        self.requests = requests
+        self.items = [items[i] for i in order]
+
+    def deliver(self, out: Any, exc: BaseException | None) -> None:
+        for request, start in zip(self.requests, self.starts, strict=True):
+            if exc is not None:
+                request.future.set_exception(exc)
+                continue
+            rows = [self.position[start + k] for k in range(len(request.plan.items))]
+            try:
+                request.future.set_result(_take(out, rows, request.plan.singular))
+            except BaseException as error:
+                request.future.set_exception(error)
+
+
+def _whole(model: Any) -> tuple[weakref.ref[Any], int] | None:
+    """The lane count to remember for a model whose batches run whole."""
+    try:
+        return (weakref.ref(model), 1)
+    except TypeError:
+        return None
 
 
 def _drop_when_cancelled(batcher: Batcher, request: _Request) -> Callable[[Future[Any]], None]:

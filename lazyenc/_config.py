@@ -75,6 +75,7 @@ class BatchSettings(Value):
     max_queue: int = 1024
     queue_timeout_s: float = 10.0
     model_batch_size: int | None = None
+    parallel: int | None = None  # None: "auto" (lazyenc._lanes.auto_parallel)
 
 
 class ExpectSettings(Value):
@@ -229,6 +230,7 @@ _BATCH: _Spec = {
     "max_queue": _INT,
     "queue_timeout_s": _NUM,
     "model_batch_size": _INT,
+    "parallel": ((int, str), 'an integer or "auto"'),
 }
 _EXPECT: _Spec = {"dimension": _INT, "revision": _STR}
 _ADMIN: _Spec = {"host": _STR, "port": _INT, "token_env": _STR, "protect_reads": _BOOL}
@@ -372,6 +374,12 @@ class _Parser:
                 batch = BatchSettings()
             else:
                 b = self.table(f"{where}.batch", values["batch"], _BATCH)
+                if isinstance(b.get("parallel"), str):
+                    if b["parallel"] != "auto":
+                        raise self.error(
+                            f"{where}.batch.parallel", f'must be an integer or "auto", got {b["parallel"]!r}'
+                        )
+                    b["parallel"] = None
                 for key in b:
                     zero_ok = key in ("max_wait_ms", "queue_timeout_s")
                     self.positive(f"{where}.batch.{key}", b[key], zero_ok=zero_ok)

@@ -416,6 +416,8 @@ class EncoderProxy:
         self._device = None
         self._idle_deadline = None
         if self._batcher is not None:
+            # Its replicas share the model's weights: dropped now, so release_memory() returns them.
+            self._batcher.drop_replicas()
             self._batcher.retire()  # its worker holds no model; it ends once its queue is empty
         return cuda
 

@@ -70,6 +70,21 @@ def test_defaults_apply_when_tables_are_absent(write_toml) -> None:  # type: ign
             "> 0",
         ),
         (
+            "[encoders.a]\nkind = 'dense'\nmodel = 'x'\nbatch = { parallel = 0 }\n",
+            "encoders.a.batch.parallel",
+            "> 0",
+        ),
+        (
+            "[encoders.a]\nkind = 'dense'\nmodel = 'x'\nbatch = { parallel = 'two' }\n",
+            "encoders.a.batch.parallel",
+            "an integer or \"auto\", got 'two'",
+        ),
+        (
+            "[encoders.a]\nkind = 'dense'\nmodel = 'x'\nbatch = { parallel = true }\n",
+            "encoders.a.batch.parallel",
+            'an integer or "auto"',
+        ),
+        (
             "[encoders.a]\nkind = 'dense'\nmodel = 'x'\nbatch = { size = 2 }\n",
             "encoders.a.batch.size",
             "unknown key",
@@ -135,6 +150,17 @@ def test_batch_false_and_tables_parse(write_toml) -> None:  # type: ignore[no-un
     a, b = load_config(path).encoders
     assert lazyenc.BatchSettings(enabled=False) == a.batch
     assert lazyenc.BatchSettings(max_size=8, max_wait_ms=1.0) == b.batch
+
+
+def test_batch_parallel_takes_a_count_or_auto(write_toml) -> None:  # type: ignore[no-untyped-def]
+    """batch.parallel = N fixes the lanes; "auto" (the default) leaves the choice to the build."""
+    path = write_toml(
+        "[encoders.a]\nkind = 'dense'\nmodel = 'x'\nbatch = { parallel = 3 }\n"
+        "[encoders.b]\nkind = 'dense'\nmodel = 'x'\nbatch = { parallel = 'auto' }\n"
+        "[encoders.c]\nkind = 'dense'\nmodel = 'x'\n"
+    )
+    a, b, c = load_config(path).encoders
+    assert (3, None, None) == (a.batch.parallel, b.batch.parallel, c.batch.parallel)
 
 
 def test_relative_model_paths_resolve_against_the_config_folder(write_toml, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

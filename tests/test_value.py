@@ -46,9 +46,15 @@ def test_fields_are_the_annotations_in_order_without_classvars() -> None:
     """field_names() lists annotated fields in declaration order, base first, ClassVars left out."""
     assert ("x", "y", "label") == Point.field_names()
     assert ("x", "y", "label", "z") == Point3.field_names()
-    assert ("enabled", "max_size", "max_wait_ms", "max_queue", "queue_timeout_s", "model_batch_size") == (
-        BatchSettings.field_names()
-    )
+    assert (
+        "enabled",
+        "max_size",
+        "max_wait_ms",
+        "max_queue",
+        "queue_timeout_s",
+        "model_batch_size",
+        "parallel",
+    ) == (BatchSettings.field_names())
 
 
 def test_defaults_fill_missing_arguments() -> None:
@@ -127,7 +133,7 @@ def test_repr_lists_every_field_in_order() -> None:
     assert "Point3(x=1, y=0, label='p', z=2)" == repr(Point3(1, z=2))
     expected = (
         "BatchSettings(enabled=True, max_size=8, max_wait_ms=2.0, max_queue=1024, "
-        "queue_timeout_s=10.0, model_batch_size=4)"
+        "queue_timeout_s=10.0, model_batch_size=4, parallel=None)"
     )
     assert expected == repr(BatchSettings(max_size=8, model_batch_size=4))
 
