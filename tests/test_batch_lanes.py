@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _polling import wait_for
 
 from lazyenc import BatchSettings, EncoderManager, _batching, load_config
 from lazyenc._lanes import auto_parallel, replicate
 from lazyenc.testing import FakeLoader, FakeModel, make_settings
+from tests._polling import wait_for
 
 TEXTS = [" ".join(["word"] * n) for n in range(1, 17)]  # 16 texts of 1 to 16 words
 
