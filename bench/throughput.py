@@ -8,7 +8,8 @@ For dense, rerank and sparse, side by side in one process:
   texts by length first, so its chunks pad little);
 - through the proxy: C threads each making single-text calls, for
   C = 1, 2, 4, 8, 16, 32, with throughput, p50/p99 latency and the mean batch
-  size the worker ran.
+  size the worker ran, and at 16 and 32 callers the share of the wall time
+  the worker ran batches and the share of batches split across parallel lanes.
 
 Each figure is the best of ``--runs`` runs (throughput: highest; latency:
 lowest). The goals for dense: at 16 callers >= 3x one-at-a-time, at 32 callers
@@ -16,6 +17,7 @@ lowest). The goals for dense: at 16 callers >= 3x one-at-a-time, at 32 callers
 
     PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/throughput.py            # ~3-4 min
     PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/throughput.py --quick    # ~1 min
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/throughput.py --kinds dense --parallel 1  # lanes off
 
 The rerank model is MiniLM with an untrained scoring head: real compute, the
 scores themselves are meaningless.
@@ -36,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lazyenc import EncoderManager  # noqa: E402
+from lazyenc import EncoderManager, load_config  # noqa: E402
 
 CALLERS = (1, 2, 4, 8, 16, 32)
 OFFLINE_SIZES = (64, 16, 8)
@@ -222,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", type=int, default=None, help="inputs per figure (default 256, quick 128)")
     parser.add_argument("--kinds", default="dense,rerank,sparse")
     parser.add_argument(
+        "--parallel",
+        default=None,
+        help='override batch.parallel for every kind: N or "auto" (default: the config\'s)',
+    )
+    parser.add_argument(
         "--words", default="4,20", help="MIN,MAX words per text (default 4,20; queries are 3-10)"
     )
     args = parser.parse_args(argv)
@@ -236,7 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     queries = make_texts(16, seed=1, words=(3, 10))
     pairs = [(queries[i % len(queries)], t) for i, t in enumerate(texts)]
     started = time.perf_counter()
-    with EncoderManager.from_toml(args.config) as mgr:
+    settings = load_config(args.config)
+    if args.parallel is not None:
+        parallel = None if args.parallel == "auto" else int(args.parallel)
+        settings = settings.replace(
+            encoders=tuple(e.replace(batch=e.batch.replace(parallel=parallel)) for e in settings.encoders)
+        )
+    with EncoderManager(settings) as mgr:
         print(
             f"# Throughput (issue 4): torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
             f"texts of {low}-{high} words"

@@ -752,7 +752,10 @@ class Batcher:
             return known[1]
         parts = self.settings.parallel
         if parts is None:
-            parts = auto_parallel(model, self._proxy._device)
+            # Not sparse: SPLADE's [chunk, tokens, 30522] activations make it memory-bound, and
+            # two lanes were 8 to 19 % slower than one (docs/batching.md#parallel-lanes).
+            auto = self._proxy.kind in LANE_PASS_CHARS
+            parts = auto_parallel(model, self._proxy._device) if auto else 1
         if parts > 1:
             try:
                 self._replicas_for(model, parts - 1)

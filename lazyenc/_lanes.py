@@ -42,7 +42,7 @@ def torch_threads() -> int:
 
 
 def auto_parallel(model: Any, device: str | None) -> int:
-    """``batch.parallel = "auto"``: 2 lanes for a torch model on a CPU with 2 threads or more.
+    """``parallel = "auto"`` for dense and rerank: 2 lanes for a torch model on a 2+ thread CPU.
 
     Not on a GPU, where one pass is already parallel, nor for models that are
     not torch modules (lanes then have nothing to divide).

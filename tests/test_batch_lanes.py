@@ -313,6 +313,21 @@ def test_split_batches_of_real_models_give_one_at_a_time_results(real: EncoderMa
 
 
 @pytest.mark.real
+def test_auto_splits_dense_batches_and_keeps_sparse_ones_whole() -> None:
+    """With config.example.toml's "auto", dense splits a 16-text batch; memory-bound sparse does not."""
+    import torch
+
+    with EncoderManager.from_toml(CONFIG) as mgr:
+        for name, splits in (("dense", int(torch.get_num_threads() >= 2)), ("sparse", 0)):
+            proxy = mgr[name]
+            proxy.load()
+            lock = proxy._call_lock
+            lock.acquire()
+            queue_behind_a_blocked_worker(proxy, TEXTS, lambda text, p=proxy: p.encode(text), lock.release)
+            assert (name, splits) == (name, proxy._batcher.batches_split)
+
+
+@pytest.mark.real
 def test_lanes_run_torch_on_their_share_of_threads_and_leave_the_process_default(
     real: EncoderManager,
 ) -> None:
