@@ -673,7 +673,7 @@ class Batcher:
                     outcomes = self._run_parts(parts, plan)
                 except Exception:  # lazyenc's own (no thread, no copy): the model's are in outcomes
                     log.exception("encoder %r: parallel lanes failed; batches run whole", self._proxy.name)
-                    self._parallel = _whole(self._proxy._model)
+                    self._parallel = _remembered(self._proxy._model, 1)
                     parts = [_Part(live)]
             if not outcomes:
                 outcomes = [self._run_whole(parts[0], plan)]
@@ -769,11 +769,9 @@ class Batcher:
                     exc,
                 )
                 parts = 1
-        try:
-            self._parallel = (weakref.ref(model), parts)
-        except TypeError:  # a model without weak references: its replicas could outlive it
-            return 1
-        return parts
+        self._parallel = _remembered(model, parts)
+        # A model without weak references runs whole: nothing could tell its replicas are stale.
+        return 1 if self._parallel is None else parts
 
     def _replicas_for(self, model: Any, count: int) -> list[Any]:
         source = self._replicas_of
@@ -876,10 +874,10 @@ class _Part:
                 request.future.set_exception(error)
 
 
-def _whole(model: Any) -> tuple[weakref.ref[Any], int] | None:
-    """The lane count to remember for a model whose batches run whole."""
+def _remembered(model: Any, parts: int) -> tuple[weakref.ref[Any], int] | None:
+    """The lane count of a model, kept while that model lives; None if it takes no weak reference."""
     try:
-        return (weakref.ref(model), 1)
+        return (weakref.ref(model), parts)
     except TypeError:
         return None
 
