@@ -727,8 +727,12 @@ class Batcher:
         parts = self._parallel_for(model)
         if parts < 2:
             return [_Part(live)]
-        ranked = sorted(live, key=lambda r: -max(_length(item) for item in r.plan.items))
-        lengths = [[_length(item) for item in request.plan.items] for request in ranked]
+        measured = sorted(
+            ((request, [_length(item) for item in request.plan.items]) for request in live),
+            key=lambda pair: -max(pair[1]),
+        )
+        ranked = [request for request, _ in measured]
+        lengths = [texts for _, texts in measured]
         kind = self._proxy.kind
         if self._chunk_overhead is not None and kind in LANE_PASS_CHARS:
             cuts, sizes = split(
